@@ -1,0 +1,1514 @@
+/* glm.c - GLM-5.2 inference in plain C.
+ *
+ * Read top to bottom:
+ *   1. numbers: bf16, FP8 E4M3, MXFP4 (E2M1 + E8M0) decoding
+ *   2. safetensors shards and the checkpoint index (mmap, every header checked)
+ *   3. config.json
+ *   4. the model: every tensor found, its format, dtype and shape checked
+ *   5. matrix products for every weight format (fp32 accumulation, OpenMP)
+ *   6. the forward pass: RMSNorm, RoPE, MLA, the DSA indexer, MoE
+ *   7. sampling
+ *   8. the command line
+ *
+ * The maths follows ../shared/docs/GLM5-ARCHITECTURE.md; section numbers (§) refer to it.
+ * Activations, norms, softmax, router and indexer scores are fp32; weights are used
+ * in place in their file format (BF16, FP8 block-scaled, MXFP4) and dequantized on
+ * the fly, i.e. weight-only quantization semantics (W4A16 / W8A16).
+ */
+#define _GNU_SOURCE
+#include "glm.h"
+#include "json.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+/* ======================================================================== */
+/* 0. errors and small utilities                                            */
+
+/* Every user-facing failure ends here: one line on stderr, exit code 1. The
+ * command that writes an output file registers it so a failure never leaves a
+ * half-written file behind. */
+static const char *g_partial_output;
+
+void glm_fatal(const char *fmt, ...) {
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    for (char *p = msg; *p; p++)
+        if (*p == '\n') *p = ' ';
+    fflush(stdout);
+    fprintf(stderr, "glm: error: %s\n", msg);
+    if (g_partial_output) unlink(g_partial_output);
+    exit(1);
+}
+
+static void *xmalloc(size_t n) {
+    void *p = malloc(n ? n : 1);
+    if (!p) glm_fatal("out of memory allocating %zu bytes", n);
+    return p;
+}
+
+static void *xcalloc(size_t n, size_t size) {
+    void *p = calloc(n ? n : 1, size ? size : 1);
+    if (!p) glm_fatal("out of memory allocating %zu x %zu bytes", n, size);
+    return p;
+}
+
+static char *xstrdup(const char *s) {
+    size_t n = strlen(s) + 1;
+    return memcpy(xmalloc(n), s, n);
+}
+
+static char *path_join(const char *dir, const char *name) {
+    size_t a = strlen(dir), b = strlen(name);
+    char *p = xmalloc(a + b + 2);
+    memcpy(p, dir, a);
+    p[a] = '/';
+    memcpy(p + a + 1, name, b + 1);
+    return p;
+}
+
+static double now_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* A progress bar on stderr, only when stderr is a terminal (logs stay clean). */
+static void progress(const char *what, size_t done, size_t total, double t0) {
+    static int tty = -1;
+    if (tty < 0) tty = isatty(2);
+    if (!tty || total == 0) return;
+    int width = 30, fill = (int)((double)done / (double)total * width);
+    double dt = now_s() - t0;
+    fprintf(stderr, "\r%s [", what);
+    for (int i = 0; i < width; i++) fputc(i < fill ? '#' : '.', stderr);
+    fprintf(stderr, "] %5.1f%% %.2f GB %.2f GB/s", 100.0 * (double)done / (double)total, done / 1e9,
+            dt > 0 ? done / 1e9 / dt : 0.0);
+    if (done >= total) fputc('\n', stderr);
+    fflush(stderr);
+}
+
+/* ======================================================================== */
+/* 1. numbers                                                               */
+
+float bf16_to_f32(uint16_t b) {
+    uint32_t u = (uint32_t)b << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+uint16_t f32_to_bf16(float f) { /* round to nearest even; NaN stays NaN */
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffff) > 0x7f800000) return (uint16_t)((u >> 16) | 0x40);
+    u += 0x7fff + ((u >> 16) & 1);
+    return (uint16_t)(u >> 16);
+}
+
+/* E2M1: sign bit 3, two exponent bits, one mantissa bit (MXFP4-AND-HIP.md §1.1). */
+const float e2m1_value[16] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f,
+                              -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+
+/* E8M0: 2^(s-127); 255 is NaN. s = 0 is an fp32 subnormal, so use ldexpf. */
+float e8m0_to_f32(uint8_t s) { return s == 255 ? NAN : ldexpf(1.0f, (int)s - 127); }
+
+/* OCP E4M3FN: bias 7, no infinities, S.1111.111 is NaN, max 448. */
+float fp8_e4m3_to_f32(uint8_t b) {
+    int sign = b >> 7, exp = (b >> 3) & 15, man = b & 7;
+    float v;
+    if (exp == 15 && man == 7) v = NAN;
+    else if (exp == 0) v = ldexpf((float)man / 8.0f, -6);
+    else v = ldexpf(1.0f + (float)man / 8.0f, exp - 7);
+    return sign ? -v : v;
+}
+
+static float g_fp8_table[256], g_e8m0_table[256];
+
+static void number_tables_init(void) {
+    for (int i = 0; i < 256; i++) {
+        g_fp8_table[i] = fp8_e4m3_to_f32((uint8_t)i);
+        g_e8m0_table[i] = e8m0_to_f32((uint8_t)i);
+    }
+}
+
+/* ======================================================================== */
+/* 2. safetensors shards and the checkpoint                                 */
+
+static size_t dtype_size(const char *dt) {
+    static const struct { const char *name; size_t size; } t[] = {
+        {"F64", 8}, {"I64", 8}, {"U64", 8}, {"F32", 4}, {"I32", 4}, {"U32", 4},
+        {"BF16", 2}, {"F16", 2}, {"I16", 2}, {"U16", 2}, {"U8", 1}, {"I8", 1},
+        {"BOOL", 1}, {"F8_E4M3", 1}, {"F8_E5M2", 1}, {"F8_E8M0", 1},
+        {"F8_E4M3FNUZ", 1}, {"F8_E5M2FNUZ", 1}};
+    for (size_t i = 0; i < sizeof t / sizeof t[0]; i++)
+        if (!strcmp(dt, t[i].name)) return t[i].size;
+    return 0;
+}
+
+static uint64_t name_hash(const char *s) { /* FNV-1a */
+    uint64_t h = 1469598103934665603ull;
+    for (; *s; s++) h = (h ^ (uint8_t)*s) * 1099511628211ull;
+    return h;
+}
+
+const TensorInfo *checkpoint_find(const Checkpoint *ck, const char *name) {
+    if (!ck->table_size) return NULL;
+    for (uint64_t i = name_hash(name) & (uint64_t)(ck->table_size - 1);; i = (i + 1) & (uint64_t)(ck->table_size - 1)) {
+        int t = ck->table[i];
+        if (t < 0) return NULL;
+        if (!strcmp(ck->tensors[t].name, name)) return &ck->tensors[t];
+    }
+}
+
+static int cmp_tensor_offset(const void *a, const void *b) {
+    const TensorInfo *x = *(const TensorInfo *const *)a, *y = *(const TensorInfo *const *)b;
+    return x->data < y->data ? -1 : x->data > y->data;
+}
+
+/* Maps one shard and appends its tensors. Every number in the header is checked
+ * before it is used: the header length against the file, each tensor's byte
+ * range against the data section, its size against dtype x shape (in overflow-
+ * safe arithmetic), and ranges against each other (no overlaps). */
+static void shard_open(Checkpoint *ck, const char *file) {
+    char *path = path_join(ck->dir, file);
+    int fd = open(path, O_RDONLY);
+    if (fd < 0) glm_fatal("%s: cannot open: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) glm_fatal("%s: not a regular file", path);
+    size_t size = (size_t)st.st_size;
+    if (size < 8) glm_fatal("%s: truncated: %zu bytes, shorter than the 8-byte header length", path, size);
+    const uint8_t *map = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
+    close(fd);
+    if (map == MAP_FAILED) glm_fatal("%s: mmap failed: %s", path, strerror(errno));
+
+    uint64_t hlen = 0;
+    for (int i = 7; i >= 0; i--) hlen = (hlen << 8) | map[i];
+    if (hlen > size - 8) glm_fatal("%s: header length %llu runs past the end of the file (%zu bytes)", path, (unsigned long long)hlen, size);
+    if (hlen > 100000000) glm_fatal("%s: header length %llu is larger than the 100 MB safetensors limit", path, (unsigned long long)hlen);
+
+    Shard *sh;
+    ck->shards = realloc(ck->shards, (size_t)(ck->n_shards + 1) * sizeof(Shard));
+    if (!ck->shards) glm_fatal("out of memory");
+    sh = &ck->shards[ck->n_shards];
+    sh->path = path; sh->map = map; sh->size = size;
+    sh->data = map + 8 + hlen; sh->data_size = size - 8 - hlen;
+
+    Json j;
+    char err[256];
+    if (json_parse(&j, (const char *)map + 8, hlen, err, sizeof err))
+        glm_fatal("%s: bad JSON in the safetensors header: %s", path, err);
+    if (j.root->type != JSON_OBJECT) glm_fatal("%s: safetensors header is not a JSON object", path);
+
+    int first = ck->n_tensors;
+    ck->tensors = realloc(ck->tensors, (size_t)(ck->n_tensors + (int)j.root->n) * sizeof(TensorInfo));
+    if (!ck->tensors) glm_fatal("out of memory");
+    for (const JsonValue *t = j.root->child; t; t = t->next) {
+        if (strlen(t->key) != t->key_len) glm_fatal("%s: tensor name with a NUL byte", path);
+        if (!strcmp(t->key, "__metadata__")) continue;
+        const JsonValue *dt = json_get(t, "dtype"), *shape = json_get(t, "shape"), *off = json_get(t, "data_offsets");
+        if (t->type != JSON_OBJECT || !dt || dt->type != JSON_STRING || !shape || shape->type != JSON_ARRAY ||
+            !off || off->type != JSON_ARRAY || off->n != 2)
+            glm_fatal("%s: tensor %s: header entry needs dtype, shape and two data_offsets", path, t->key);
+        TensorInfo *ti = &ck->tensors[ck->n_tensors];
+        memset(ti, 0, sizeof *ti);
+        size_t esize = dtype_size(dt->str);
+        if (!esize || dt->str_len >= sizeof ti->dtype) glm_fatal("%s: tensor %s: unknown dtype %s", path, t->key, dt->str);
+        strcpy(ti->dtype, dt->str);
+        if (shape->n > 8) glm_fatal("%s: tensor %s: %zu dimensions (at most 8 supported)", path, t->key, shape->n);
+        uint64_t numel = 1;
+        for (const JsonValue *d = shape->child; d; d = d->next) {
+            if (d->type != JSON_NUMBER || !d->is_uint || d->u64 > INT64_MAX)
+                glm_fatal("%s: tensor %s: shape entries must be non-negative integers", path, t->key);
+            if (d->u64 && numel > UINT64_MAX / d->u64) glm_fatal("%s: tensor %s: shape overflows 64-bit arithmetic", path, t->key);
+            numel *= d->u64;
+            ti->shape[ti->ndim++] = (int64_t)d->u64;
+        }
+        if (numel > UINT64_MAX / esize) glm_fatal("%s: tensor %s: size overflows 64-bit arithmetic", path, t->key);
+        const JsonValue *b = off->child, *e = b->next;
+        if (b->type != JSON_NUMBER || !b->is_uint || e->type != JSON_NUMBER || !e->is_uint)
+            glm_fatal("%s: tensor %s: data_offsets must be non-negative integers that fit 64 bits", path, t->key);
+        if (b->u64 > e->u64) glm_fatal("%s: tensor %s: data_offsets [%llu, %llu] end before they begin", path, t->key,
+                                       (unsigned long long)b->u64, (unsigned long long)e->u64);
+        if (e->u64 > sh->data_size)
+            glm_fatal("%s: tensor %s: data_offsets end %llu past the end of the file (data section is %zu bytes; truncated?)",
+                      path, t->key, (unsigned long long)e->u64, sh->data_size);
+        if (e->u64 - b->u64 != numel * esize)
+            glm_fatal("%s: tensor %s: %llu bytes of data but dtype %s x shape needs %llu", path, t->key,
+                      (unsigned long long)(e->u64 - b->u64), ti->dtype, (unsigned long long)(numel * esize));
+        ti->name = xstrdup(t->key);
+        ti->data = sh->data + b->u64;
+        ti->nbytes = (size_t)(e->u64 - b->u64);
+        ti->shard = ck->n_shards;
+        ck->n_tensors++;
+    }
+    json_free(&j);
+
+    /* Overlap check: sort this shard's tensors by start offset. */
+    int n = ck->n_tensors - first;
+    const TensorInfo **order = xmalloc((size_t)n * sizeof *order);
+    for (int i = 0; i < n; i++) order[i] = &ck->tensors[first + i];
+    qsort(order, (size_t)n, sizeof *order, cmp_tensor_offset);
+    for (int i = 1; i < n; i++)
+        if (order[i]->data < order[i - 1]->data + order[i - 1]->nbytes)
+            glm_fatal("%s: tensors %s and %s have overlapping data_offsets", path, order[i - 1]->name, order[i]->name);
+    free(order);
+    ck->n_shards++;
+}
+
+static void checkpoint_build_table(Checkpoint *ck) {
+    int size = 16;
+    while (size < ck->n_tensors * 2) size *= 2;
+    ck->table_size = size;
+    ck->table = xmalloc((size_t)size * sizeof(int));
+    for (int i = 0; i < size; i++) ck->table[i] = -1;
+    for (int t = 0; t < ck->n_tensors; t++) {
+        uint64_t i = name_hash(ck->tensors[t].name) & (uint64_t)(size - 1);
+        while (ck->table[i] >= 0) {
+            const TensorInfo *o = &ck->tensors[ck->table[i]];
+            if (!strcmp(o->name, ck->tensors[t].name))
+                glm_fatal("%s: tensor %s appears twice (also in %s)", ck->shards[ck->tensors[t].shard].path,
+                          o->name, ck->shards[o->shard].path);
+            i = (i + 1) & (uint64_t)(size - 1);
+        }
+        ck->table[i] = t;
+    }
+}
+
+static char *read_file(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    char *buf = NULL;
+    size_t cap = 0, n = 0, r;
+    do {
+        if (cap - n < 65536) {
+            cap = cap ? cap * 2 : 65536;
+            buf = realloc(buf, cap);
+            if (!buf) glm_fatal("out of memory reading %s", path);
+        }
+        r = fread(buf + n, 1, cap - n, f);
+        n += r;
+    } while (r > 0);
+    int bad = ferror(f);
+    fclose(f);
+    if (bad) glm_fatal("%s: read error", path);
+    *len = n;
+    return buf;
+}
+
+/* Opens a checkpoint folder: either one model.safetensors, or the shards listed by
+ * model.safetensors.index.json. Every name in the index must be in the shard it names. */
+void checkpoint_open(Checkpoint *ck, const char *dir) {
+    memset(ck, 0, sizeof *ck);
+    ck->dir = xstrdup(dir);
+    struct stat st;
+    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) glm_fatal("-m %s: no such model folder", dir);
+    char *index_path = path_join(dir, "model.safetensors.index.json");
+    size_t len;
+    char *text = read_file(index_path, &len);
+    if (!text) {
+        char *single = path_join(dir, "model.safetensors");
+        if (access(single, R_OK) != 0)
+            glm_fatal("%s: no model.safetensors.index.json and no model.safetensors in this folder", dir);
+        free(single);
+        shard_open(ck, "model.safetensors");
+        checkpoint_build_table(ck);
+        free(index_path);
+        return;
+    }
+    Json j;
+    char err[256];
+    if (json_parse(&j, text, len, err, sizeof err)) glm_fatal("%s: bad JSON: %s", index_path, err);
+    const JsonValue *wm = json_get(j.root, "weight_map");
+    if (!wm || wm->type != JSON_OBJECT) glm_fatal("%s: no weight_map object", index_path);
+    /* open each distinct shard once, in order of first mention */
+    for (const JsonValue *e = wm->child; e; e = e->next) {
+        if (e->type != JSON_STRING) glm_fatal("%s: weight_map[%s] is not a file name", index_path, e->key);
+        if (strchr(e->str, '/') || !strcmp(e->str, "..")) glm_fatal("%s: weight_map[%s] names %s outside the folder", index_path, e->key, e->str);
+        int seen = 0;
+        for (int s = 0; s < ck->n_shards && !seen; s++) {
+            const char *base = strrchr(ck->shards[s].path, '/') + 1;
+            seen = !strcmp(base, e->str);
+        }
+        if (seen) continue;
+        char *sp = path_join(dir, e->str);
+        if (access(sp, F_OK) != 0) glm_fatal("%s: names shard %s, which is missing", index_path, e->str);
+        free(sp);
+        shard_open(ck, e->str);
+    }
+    checkpoint_build_table(ck);
+    for (const JsonValue *e = wm->child; e; e = e->next) {
+        const TensorInfo *t = checkpoint_find(ck, e->key);
+        const char *base = t ? strrchr(ck->shards[t->shard].path, '/') + 1 : NULL;
+        if (!t || strcmp(base, e->str)) glm_fatal("%s: tensor %s is listed in %s but not found in that shard", e->str, e->key, index_path);
+    }
+    json_free(&j);
+    free(text);
+    free(index_path);
+}
+
+void checkpoint_close(Checkpoint *ck) {
+    for (int s = 0; s < ck->n_shards; s++) {
+        munmap((void *)ck->shards[s].map, ck->shards[s].size);
+        free(ck->shards[s].path);
+    }
+    for (int t = 0; t < ck->n_tensors; t++) free(ck->tensors[t].name);
+    free(ck->shards); free(ck->tensors); free(ck->table); free(ck->dir);
+    memset(ck, 0, sizeof *ck);
+}
+
+/* ======================================================================== */
+/* 3. config.json                                                           */
+
+typedef struct { const char *path; const JsonValue *root; } ConfigFile;
+
+static const JsonValue *cfg_field(const ConfigFile *cf, const char *key, int required) {
+    const JsonValue *v = json_get(cf->root, key);
+    if (v && v->type == JSON_NULL) v = NULL;
+    if (!v && required) glm_fatal("%s: missing field %s", cf->path, key);
+    return v;
+}
+
+static double cfg_number(const ConfigFile *cf, const char *key, int required, double dflt) {
+    const JsonValue *v = cfg_field(cf, key, required);
+    if (!v) return dflt;
+    if (v->type != JSON_NUMBER && v->type != JSON_BOOL) glm_fatal("%s: field %s must be a number", cf->path, key);
+    return v->num;
+}
+
+static int cfg_int(const ConfigFile *cf, const char *key, int required, int dflt, int min, int max) {
+    double d = cfg_number(cf, key, required, dflt);
+    if (d != floor(d) || d < min || d > max) glm_fatal("%s: field %s = %g is out of range [%d, %d]", cf->path, key, d, min, max);
+    return (int)d;
+}
+
+void config_load(Config *c, const char *dir) {
+    memset(c, 0, sizeof *c);
+    char *path = path_join(dir, "config.json");
+    size_t len;
+    char *text = read_file(path, &len);
+    if (!text) glm_fatal("%s: cannot read: %s", path, strerror(errno));
+    Json j;
+    char err[256];
+    if (json_parse(&j, text, len, err, sizeof err)) glm_fatal("%s: bad JSON: %s", path, err);
+    if (j.root->type != JSON_OBJECT) glm_fatal("%s: not a JSON object", path);
+    ConfigFile cf = {path, j.root};
+    const int BIG = 1 << 30;
+
+    c->vocab_size = cfg_int(&cf, "vocab_size", 1, 0, 1, BIG);
+    c->hidden = cfg_int(&cf, "hidden_size", 1, 0, 1, BIG);
+    c->n_layers = cfg_int(&cf, "num_hidden_layers", 1, 0, 1, GLM_MAX_LAYERS - 1);
+    c->n_mtp = cfg_int(&cf, "num_nextn_predict_layers", 0, 0, 0, 1);
+    c->n_heads = cfg_int(&cf, "num_attention_heads", 1, 0, 1, 4096);
+    c->q_lora_rank = cfg_int(&cf, "q_lora_rank", 1, 0, 1, BIG);
+    c->kv_lora_rank = cfg_int(&cf, "kv_lora_rank", 1, 0, 1, BIG);
+    c->qk_nope = cfg_int(&cf, "qk_nope_head_dim", 1, 0, 0, BIG);
+    c->qk_rope = cfg_int(&cf, "qk_rope_head_dim", 1, 0, 2, BIG);
+    c->v_head = cfg_int(&cf, "v_head_dim", 1, 0, 1, BIG);
+    /* qk_head_dim is redundant; if present it must agree (head_dim is a wrong legacy field, §7.5) */
+    int qk_head = cfg_int(&cf, "qk_head_dim", 0, c->qk_nope + c->qk_rope, 1, BIG);
+    if (qk_head != c->qk_nope + c->qk_rope)
+        glm_fatal("%s: inconsistent config: qk_head_dim %d != qk_nope_head_dim %d + qk_rope_head_dim %d", path, qk_head, c->qk_nope, c->qk_rope);
+    if (c->qk_rope % 2) glm_fatal("%s: qk_rope_head_dim must be even", path);
+    c->index_n_heads = cfg_int(&cf, "index_n_heads", 1, 0, 1, 4096);
+    c->index_head_dim = cfg_int(&cf, "index_head_dim", 1, 0, 1, BIG);
+    c->index_topk = cfg_int(&cf, "index_topk", 1, 0, 1, BIG);
+    if (c->index_head_dim < c->qk_rope) glm_fatal("%s: inconsistent config: index_head_dim %d < qk_rope_head_dim %d", path, c->index_head_dim, c->qk_rope);
+    c->n_experts = cfg_int(&cf, "n_routed_experts", 1, 0, 1, 1 << 16);
+    c->n_active = cfg_int(&cf, "num_experts_per_tok", 1, 0, 1, c->n_experts);
+    c->n_shared = cfg_int(&cf, "n_shared_experts", 0, 0, 0, 64);
+    c->moe_inter = cfg_int(&cf, "moe_intermediate_size", 1, 0, 1, BIG);
+    c->dense_inter = cfg_int(&cf, "intermediate_size", 1, 0, 1, BIG);
+    c->n_group = cfg_int(&cf, "n_group", 0, 1, 1, c->n_experts);
+    c->topk_group = cfg_int(&cf, "topk_group", 0, c->n_group, 1, c->n_group);
+    if (c->n_experts % c->n_group) glm_fatal("%s: inconsistent config: n_routed_experts %d not divisible by n_group %d", path, c->n_experts, c->n_group);
+    if (c->n_group > 1 && c->n_experts / c->n_group < 2) glm_fatal("%s: inconsistent config: group-limited routing needs >= 2 experts per group", path);
+    if (c->n_active > c->topk_group * (c->n_experts / c->n_group))
+        glm_fatal("%s: inconsistent config: num_experts_per_tok %d exceeds the experts in topk_group groups", path, c->n_active);
+    c->norm_topk_prob = (int)cfg_number(&cf, "norm_topk_prob", 0, 1);
+    c->routed_scale = (float)cfg_number(&cf, "routed_scaling_factor", 0, 1.0);
+    c->rms_eps = (float)cfg_number(&cf, "rms_norm_eps", 0, 1e-5);
+    c->max_pos = cfg_int(&cf, "max_position_embeddings", 0, BIG, 1, BIG);
+
+    const JsonValue *sf = cfg_field(&cf, "scoring_func", 0);
+    if (sf && (sf->type != JSON_STRING || strcmp(sf->str, "sigmoid"))) glm_fatal("%s: scoring_func must be \"sigmoid\"", path);
+    const JsonValue *tie = cfg_field(&cf, "tie_word_embeddings", 0);
+    if (tie && tie->type == JSON_BOOL && tie->num) glm_fatal("%s: tie_word_embeddings true is not supported (GLM-5 has a separate lm_head)", path);
+
+    /* RoPE theta: rope_parameters.rope_theta (transformers v5), else flat rope_theta. No YaRN (§7.6). */
+    const JsonValue *rp = cfg_field(&cf, "rope_parameters", 0);
+    const JsonValue *theta = rp ? json_get(rp, "rope_theta") : NULL;
+    if (!theta) theta = cfg_field(&cf, "rope_theta", 0);
+    if (!theta || theta->type != JSON_NUMBER || theta->num <= 0) glm_fatal("%s: missing or bad rope_parameters.rope_theta", path);
+    c->rope_theta = theta->num;
+    if (rp) {
+        const JsonValue *rt = json_get(rp, "rope_type");
+        if (rt && rt->type == JSON_STRING && strcmp(rt->str, "default"))
+            glm_fatal("%s: rope_type \"%s\" is not supported (GLM-5 uses plain RoPE)", path, rt->str);
+    }
+
+    /* eos: an int or a list */
+    const JsonValue *eos = cfg_field(&cf, "eos_token_id", 0);
+    if (eos && eos->type == JSON_NUMBER) c->eos[c->n_eos++] = (int)eos->num;
+    else if (eos && eos->type == JSON_ARRAY)
+        for (const JsonValue *e = eos->child; e && c->n_eos < GLM_MAX_EOS; e = e->next)
+            if (e->type == JSON_NUMBER) c->eos[c->n_eos++] = (int)e->num;
+
+    /* dense vs MoE: mlp_layer_types if given, else the first first_k_dense_replace layers */
+    const JsonValue *mlt = cfg_field(&cf, "mlp_layer_types", 0);
+    if (mlt) {
+        if (mlt->type != JSON_ARRAY || (int)mlt->n < c->n_layers) glm_fatal("%s: mlp_layer_types must list %d layers", path, c->n_layers);
+        int l = 0;
+        for (const JsonValue *e = mlt->child; e && l < c->n_layers; e = e->next, l++) {
+            if (e->type != JSON_STRING || (strcmp(e->str, "dense") && strcmp(e->str, "sparse")))
+                glm_fatal("%s: mlp_layer_types[%d] must be \"dense\" or \"sparse\"", path, l);
+            c->dense[l] = !strcmp(e->str, "dense");
+        }
+    } else {
+        int k = cfg_int(&cf, "first_k_dense_replace", 0, 0, 0, c->n_layers);
+        for (int l = 0; l < c->n_layers; l++) c->dense[l] = l < k;
+    }
+
+    /* IndexShare schedule (§1.3): indexer_types is authoritative, then index_topk_pattern, then the formula. */
+    const JsonValue *it = cfg_field(&cf, "indexer_types", 0), *pat = cfg_field(&cf, "index_topk_pattern", 0);
+    if (it) {
+        if (it->type != JSON_ARRAY || (int)it->n < c->n_layers) glm_fatal("%s: indexer_types must list %d layers", path, c->n_layers);
+        int l = 0;
+        for (const JsonValue *e = it->child; e && l < c->n_layers; e = e->next, l++) {
+            if (e->type != JSON_STRING || (strcmp(e->str, "full") && strcmp(e->str, "shared")))
+                glm_fatal("%s: indexer_types[%d] must be \"full\" or \"shared\"", path, l);
+            c->full_index[l] = !strcmp(e->str, "full");
+        }
+    } else if (pat) {
+        if (pat->type != JSON_STRING || (int)pat->str_len < c->n_layers) glm_fatal("%s: index_topk_pattern must have %d letters", path, c->n_layers);
+        for (int l = 0; l < c->n_layers; l++) {
+            if (pat->str[l] != 'F' && pat->str[l] != 'S') glm_fatal("%s: index_topk_pattern letters must be F or S", path);
+            c->full_index[l] = pat->str[l] == 'F';
+        }
+    } else {
+        int freq = cfg_int(&cf, "index_topk_freq", 0, 1, 1, BIG);
+        int off = cfg_int(&cf, "index_skip_topk_offset", 0, 2, 0, BIG);
+        for (int l = 0; l < c->n_layers; l++) {
+            int k = l - off + 1;
+            c->full_index[l] = (k > 0 ? k : 0) % freq == 0;
+        }
+    }
+    if (!c->full_index[0]) glm_fatal("%s: inconsistent config: layer 0 is \"shared\" but no earlier layer computes a selection", path);
+
+    json_free(&j);
+    free(text);
+    free(path);
+}
+
+/* ======================================================================== */
+/* 4. the model                                                             */
+
+static void tensor_name(char *buf, size_t n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void tensor_name(char *buf, size_t n, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, n, fmt, ap);
+    va_end(ap);
+}
+
+static const TensorInfo *need_tensor(const Model *m, const char *name) {
+    const TensorInfo *t = checkpoint_find(&m->ck, name);
+    if (!t) glm_fatal("%s: missing tensor %s", m->ck.dir, name);
+    return t;
+}
+
+static const char *tensor_file(const Model *m, const TensorInfo *t) { return m->ck.shards[t->shard].path; }
+
+static void expect_shape(const Model *m, const TensorInfo *t, int ndim, int64_t d0, int64_t d1) {
+    int ok = t->ndim == ndim && t->shape[0] == d0 && (ndim < 2 || t->shape[1] == d1);
+    if (!ok) {
+        char got[128] = "[", *p = got + 1;
+        for (int i = 0; i < t->ndim && p < got + sizeof got - 24; i++) p += sprintf(p, "%s%lld", i ? ", " : "", (long long)t->shape[i]);
+        strcpy(p, "]");
+        if (ndim == 1) glm_fatal("%s: tensor %s has shape %s, expected [%lld]", tensor_file(m, t), t->name, got, (long long)d0);
+        glm_fatal("%s: tensor %s has shape %s, expected [%lld, %lld]", tensor_file(m, t), t->name, got, (long long)d0, (long long)d1);
+    }
+}
+
+/* A 1-D parameter (norm weight, bias), BF16 or F32, converted to fp32 once. */
+static float *load_vector(Model *m, const char *name, int n) {
+    const TensorInfo *t = need_tensor(m, name);
+    expect_shape(m, t, 1, n, 0);
+    float *v = xmalloc((size_t)n * sizeof(float));
+    if (!strcmp(t->dtype, "F32")) memcpy(v, t->data, (size_t)n * 4);
+    else if (!strcmp(t->dtype, "BF16"))
+        for (int i = 0; i < n; i++) { uint16_t b; memcpy(&b, t->data + 2 * i, 2); v[i] = bf16_to_f32(b); }
+    else glm_fatal("%s: tensor %s has dtype %s, expected BF16 or F32", tensor_file(m, t), name, t->dtype);
+    m->weight_bytes += t->nbytes;
+    return v;
+}
+
+/* A Linear weight [rows, cols]. Its format comes from the file, never from its name
+ * (MXFP4-AND-HIP.md §0.7): U8 + weight_scale = Quark MXFP4; F8_E4M3 + weight_scale_inv
+ * = block FP8; BF16 / F32 as is. */
+static Mat load_matrix(Model *m, const char *prefix, int rows, int cols) {
+    char name[256], sname[256];
+    tensor_name(name, sizeof name, "%s.weight", prefix);
+    const TensorInfo *t = need_tensor(m, name);
+    Mat W = {0};
+    W.rows = rows; W.cols = cols; W.w = t->data;
+    const char *file = tensor_file(m, t);
+    if (!strcmp(t->dtype, "U8")) {
+        tensor_name(sname, sizeof sname, "%s.weight_scale", prefix);
+        const TensorInfo *s = checkpoint_find(&m->ck, sname);
+        if (!s) glm_fatal("%s: tensor %s is U8 (MXFP4) but %s is missing", file, name, sname);
+        if (cols % 32) glm_fatal("%s: tensor %s: MXFP4 needs the input width %d to be a multiple of 32", file, name, cols);
+        expect_shape(m, t, 2, rows, cols / 2);
+        expect_shape(m, s, 2, rows, cols / 32);
+        if (strcmp(s->dtype, "U8") && strcmp(s->dtype, "F8_E8M0"))
+            glm_fatal("%s: tensor %s has dtype %s, expected U8 or F8_E8M0", tensor_file(m, s), sname, s->dtype);
+        W.fmt = WF_MXFP4; W.mx_scale = s->data;
+        W.bytes = t->nbytes + s->nbytes;
+    } else if (!strcmp(t->dtype, "F8_E4M3")) {
+        tensor_name(sname, sizeof sname, "%s.weight_scale_inv", prefix);
+        const TensorInfo *s = checkpoint_find(&m->ck, sname);
+        if (!s) glm_fatal("%s: tensor %s is F8_E4M3 but %s is missing", file, name, sname);
+        expect_shape(m, t, 2, rows, cols);
+        int br = (rows + 127) / 128, bc = (cols + 127) / 128;
+        expect_shape(m, s, 2, br, bc);
+        float *sc = xmalloc((size_t)br * bc * sizeof(float)); /* tiny: one float per 128x128 block */
+        if (!strcmp(s->dtype, "F32")) memcpy(sc, s->data, (size_t)br * bc * 4);
+        else if (!strcmp(s->dtype, "BF16"))
+            for (int i = 0; i < br * bc; i++) { uint16_t b; memcpy(&b, s->data + 2 * i, 2); sc[i] = bf16_to_f32(b); }
+        else glm_fatal("%s: tensor %s has dtype %s, expected F32", tensor_file(m, s), sname, s->dtype);
+        W.fmt = WF_FP8; W.fp8_scale = sc;
+        W.bytes = t->nbytes + s->nbytes;
+    } else if (!strcmp(t->dtype, "BF16") || !strcmp(t->dtype, "F32")) {
+        expect_shape(m, t, 2, rows, cols);
+        W.fmt = !strcmp(t->dtype, "BF16") ? WF_BF16 : WF_F32;
+        W.bytes = t->nbytes;
+        /* fp32 rows are read with plain float loads: they must be aligned */
+        if (W.fmt == WF_F32 && ((uintptr_t)t->data & 3)) glm_fatal("%s: tensor %s: F32 data is not 4-byte aligned", file, name);
+    } else {
+        glm_fatal("%s: tensor %s has dtype %s, expected BF16, F32, F8_E4M3 or U8 (MXFP4)", file, name, t->dtype);
+    }
+    if ((W.fmt == WF_BF16) && ((uintptr_t)t->data & 1)) glm_fatal("%s: tensor %s: BF16 data is not 2-byte aligned", file, name);
+    m->weight_bytes += W.bytes;
+    return W;
+}
+
+/* Loads one decoder layer (also used to check the MTP layer, whose weights are not kept). */
+static void load_layer(Model *m, Layer *L, int l, int dense, int full) {
+    const Config *c = &m->cfg;
+    char p[160], n[200];
+    tensor_name(p, sizeof p, "model.layers.%d", l);
+#define NAME(...) (tensor_name(n, sizeof n, __VA_ARGS__), n)
+    L->input_norm = load_vector(m, NAME("%s.input_layernorm.weight", p), c->hidden);
+    L->post_norm = load_vector(m, NAME("%s.post_attention_layernorm.weight", p), c->hidden);
+    L->q_a = load_matrix(m, NAME("%s.self_attn.q_a_proj", p), c->q_lora_rank, c->hidden);
+    L->q_a_norm = load_vector(m, NAME("%s.self_attn.q_a_layernorm.weight", p), c->q_lora_rank);
+    L->q_b = load_matrix(m, NAME("%s.self_attn.q_b_proj", p), c->n_heads * (c->qk_nope + c->qk_rope), c->q_lora_rank);
+    L->kv_a = load_matrix(m, NAME("%s.self_attn.kv_a_proj_with_mqa", p), c->kv_lora_rank + c->qk_rope, c->hidden);
+    L->kv_a_norm = load_vector(m, NAME("%s.self_attn.kv_a_layernorm.weight", p), c->kv_lora_rank);
+    L->kv_b = load_matrix(m, NAME("%s.self_attn.kv_b_proj", p), c->n_heads * (c->qk_nope + c->v_head), c->kv_lora_rank);
+    L->o = load_matrix(m, NAME("%s.self_attn.o_proj", p), c->hidden, c->n_heads * c->v_head);
+    L->has_indexer = full;
+    L->index_slot = -1;
+    if (full) {
+        L->ix_wq_b = load_matrix(m, NAME("%s.self_attn.indexer.wq_b", p), c->index_n_heads * c->index_head_dim, c->q_lora_rank);
+        L->ix_wk = load_matrix(m, NAME("%s.self_attn.indexer.wk", p), c->index_head_dim, c->hidden);
+        L->ix_knorm_w = load_vector(m, NAME("%s.self_attn.indexer.k_norm.weight", p), c->index_head_dim);
+        L->ix_knorm_b = load_vector(m, NAME("%s.self_attn.indexer.k_norm.bias", p), c->index_head_dim);
+        L->ix_weights = load_matrix(m, NAME("%s.self_attn.indexer.weights_proj", p), c->index_n_heads, c->hidden);
+    } else if (checkpoint_find(&m->ck, NAME("%s.self_attn.indexer.wk.weight", p))) {
+        glm_fatal("%s: inconsistent config: layer %d is \"shared\" in the IndexShare schedule but has indexer weights", m->ck.dir, l);
+    }
+    if (dense) {
+        L->gate = load_matrix(m, NAME("%s.mlp.gate_proj", p), c->dense_inter, c->hidden);
+        L->up = load_matrix(m, NAME("%s.mlp.up_proj", p), c->dense_inter, c->hidden);
+        L->down = load_matrix(m, NAME("%s.mlp.down_proj", p), c->hidden, c->dense_inter);
+    } else {
+        L->router = load_matrix(m, NAME("%s.mlp.gate", p), c->n_experts, c->hidden);
+        L->router_bias = load_vector(m, NAME("%s.mlp.gate.e_score_correction_bias", p), c->n_experts);
+        if (c->n_shared) {
+            int w = c->n_shared * c->moe_inter;
+            L->sh_gate = load_matrix(m, NAME("%s.mlp.shared_experts.gate_proj", p), w, c->hidden);
+            L->sh_up = load_matrix(m, NAME("%s.mlp.shared_experts.up_proj", p), w, c->hidden);
+            L->sh_down = load_matrix(m, NAME("%s.mlp.shared_experts.down_proj", p), c->hidden, w);
+        }
+        L->ex_gate = xcalloc((size_t)c->n_experts, sizeof(Mat));
+        L->ex_up = xcalloc((size_t)c->n_experts, sizeof(Mat));
+        L->ex_down = xcalloc((size_t)c->n_experts, sizeof(Mat));
+        for (int e = 0; e < c->n_experts; e++) {
+            L->ex_gate[e] = load_matrix(m, NAME("%s.mlp.experts.%d.gate_proj", p, e), c->moe_inter, c->hidden);
+            L->ex_up[e] = load_matrix(m, NAME("%s.mlp.experts.%d.up_proj", p, e), c->moe_inter, c->hidden);
+            L->ex_down[e] = load_matrix(m, NAME("%s.mlp.experts.%d.down_proj", p, e), c->hidden, c->moe_inter);
+        }
+    }
+#undef NAME
+}
+
+static void layer_free(Layer *L, int n_experts) {
+    free(L->input_norm); free(L->post_norm); free(L->q_a_norm); free(L->kv_a_norm);
+    free(L->ix_knorm_w); free(L->ix_knorm_b); free(L->router_bias);
+    Mat *all[] = {&L->q_a, &L->q_b, &L->kv_a, &L->kv_b, &L->o, &L->ix_wq_b, &L->ix_wk, &L->ix_weights,
+                  &L->gate, &L->up, &L->down, &L->router, &L->sh_gate, &L->sh_up, &L->sh_down};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) free((void *)all[i]->fp8_scale);
+    for (int e = 0; L->ex_gate && e < n_experts; e++) {
+        free((void *)L->ex_gate[e].fp8_scale); free((void *)L->ex_up[e].fp8_scale); free((void *)L->ex_down[e].fp8_scale);
+    }
+    free(L->ex_gate); free(L->ex_up); free(L->ex_down);
+}
+
+void model_load(Model *m, const char *dir) {
+    memset(m, 0, sizeof *m);
+    number_tables_init();
+    config_load(&m->cfg, dir);
+    checkpoint_open(&m->ck, dir);
+    const Config *c = &m->cfg;
+    m->embed = load_matrix(m, "model.embed_tokens", c->vocab_size, c->hidden);
+    m->final_norm = load_vector(m, "model.norm.weight", c->hidden);
+    m->lm_head = load_matrix(m, "lm_head", c->vocab_size, c->hidden);
+    m->layers = xcalloc((size_t)c->n_layers, sizeof(Layer));
+    for (int l = 0; l < c->n_layers; l++) {
+        load_layer(m, &m->layers[l], l, c->dense[l], c->full_index[l]);
+        if (c->full_index[l]) m->layers[l].index_slot = m->n_index_layers++;
+    }
+    /* The MTP layer (§5) is checked so a broken file is caught now, then dropped:
+     * it does not influence the main model's logits. */
+    size_t main_bytes = m->weight_bytes;
+    char mtp_probe[96];
+    snprintf(mtp_probe, sizeof mtp_probe, "model.layers.%d.input_layernorm.weight", c->n_layers);
+    /* Some releases drop the MTP layer (MXFP4-AND-HIP.md §2.3): absent is fine, broken is not. */
+    if (c->n_mtp && checkpoint_find(&m->ck, mtp_probe)) {
+        int l = c->n_layers;
+        Layer mtp = {0};
+        char n[128];
+        load_layer(m, &mtp, l, 0, 1);
+        snprintf(n, sizeof n, "model.layers.%d.enorm.weight", l); free(load_vector(m, n, c->hidden));
+        snprintf(n, sizeof n, "model.layers.%d.hnorm.weight", l); free(load_vector(m, n, c->hidden));
+        snprintf(n, sizeof n, "model.layers.%d.shared_head.norm.weight", l); free(load_vector(m, n, c->hidden));
+        snprintf(n, sizeof n, "model.layers.%d.eh_proj", l);
+        Mat eh = load_matrix(m, n, c->hidden, 2 * c->hidden);
+        free((void *)eh.fp8_scale);
+        layer_free(&mtp, c->n_experts);
+    }
+    m->weight_bytes = main_bytes;
+}
+
+void model_free(Model *m) {
+    for (int l = 0; l < m->cfg.n_layers; l++) layer_free(&m->layers[l], m->cfg.n_experts);
+    free(m->layers); free(m->final_norm);
+    free((void *)m->embed.fp8_scale); free((void *)m->lm_head.fp8_scale);
+    checkpoint_close(&m->ck);
+}
+
+/* ======================================================================== */
+/* 5. matrix products                                                       */
+/*
+ * Every Linear goes through matmul(): y[n][rows] = x[n][cols] · Wᵀ, fp32
+ * accumulation, rows split across threads. For one token (decode) each row is
+ * dotted straight from its packed form; for several tokens (prefill) a row is
+ * dequantized once into a per-thread buffer and reused for every token, so each
+ * weight byte is read once per batch.
+ */
+
+static int g_threads = 1;
+static float *g_row_scratch;      /* [g_threads][g_scratch_cols] */
+static int g_scratch_cols;
+static double g_bytes_read;       /* weight + cache bytes touched, for GB/s reports */
+
+static void scratch_init(int max_cols) {
+#ifdef _OPENMP
+    g_threads = omp_get_max_threads();
+#endif
+    g_scratch_cols = max_cols;
+    g_row_scratch = xmalloc((size_t)g_threads * (size_t)max_cols * sizeof(float));
+}
+
+static int thread_id(void) {
+#ifdef _OPENMP
+    return omp_get_thread_num();
+#else
+    return 0;
+#endif
+}
+
+/* Dot of row r of W with x[cols]: the plain C reference for each format. */
+static float row_dot(const Mat *W, int r, const float *x) {
+    const int n = W->cols;
+    float sum = 0.0f;
+    switch (W->fmt) {
+    case WF_F32: {
+        const float *w = (const float *)W->w + (size_t)r * n;
+        for (int i = 0; i < n; i++) sum += w[i] * x[i];
+        break;
+    }
+    case WF_BF16: {
+        const uint16_t *w = (const uint16_t *)W->w + (size_t)r * n;
+        for (int i = 0; i < n; i++) sum += bf16_to_f32(w[i]) * x[i];
+        break;
+    }
+    case WF_FP8: { /* one fp32 multiplier per 128x128 block */
+        const uint8_t *w = W->w + (size_t)r * n;
+        const float *scale = W->fp8_scale + (size_t)(r / 128) * ((n + 127) / 128);
+        for (int b = 0; b * 128 < n; b++) {
+            float part = 0.0f;
+            int end = b * 128 + 128 < n ? b * 128 + 128 : n;
+            for (int i = b * 128; i < end; i++) part += g_fp8_table[w[i]] * x[i];
+            sum += part * scale[b];
+        }
+        break;
+    }
+    case WF_MXFP4: { /* 32 E2M1 nibbles (16 bytes) share one E8M0 exponent */
+        const uint8_t *w = W->w + (size_t)r * (n / 2);
+        const uint8_t *scale = W->mx_scale + (size_t)r * (n / 32);
+        for (int b = 0; b < n / 32; b++) {
+            float part = 0.0f;
+            for (int i = 0; i < 16; i++) {
+                uint8_t byte = w[b * 16 + i];
+                part += e2m1_value[byte & 15] * x[b * 32 + 2 * i] + e2m1_value[byte >> 4] * x[b * 32 + 2 * i + 1];
+            }
+            sum += part * g_e8m0_table[scale[b]];
+        }
+        break;
+    }
+    }
+    return sum;
+}
+
+void mat_dequant_row(const Mat *W, int r, float *out) {
+    const int n = W->cols;
+    switch (W->fmt) {
+    case WF_F32: memcpy(out, (const float *)W->w + (size_t)r * n, (size_t)n * sizeof(float)); break;
+    case WF_BF16: {
+        const uint16_t *w = (const uint16_t *)W->w + (size_t)r * n;
+        for (int i = 0; i < n; i++) out[i] = bf16_to_f32(w[i]);
+        break;
+    }
+    case WF_FP8: {
+        const uint8_t *w = W->w + (size_t)r * n;
+        const float *scale = W->fp8_scale + (size_t)(r / 128) * ((n + 127) / 128);
+        for (int i = 0; i < n; i++) out[i] = g_fp8_table[w[i]] * scale[i / 128];
+        break;
+    }
+    case WF_MXFP4: {
+        const uint8_t *w = W->w + (size_t)r * (n / 2);
+        const uint8_t *scale = W->mx_scale + (size_t)r * (n / 32);
+        for (int i = 0; i < n / 2; i++) {
+            float s = g_e8m0_table[scale[i / 16]];
+            out[2 * i] = e2m1_value[w[i] & 15] * s;
+            out[2 * i + 1] = e2m1_value[w[i] >> 4] * s;
+        }
+        break;
+    }
+    }
+}
+
+static float dot(const float *a, const float *b, int n) {
+    float s = 0.0f;
+    for (int i = 0; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+/* y[t*ldy + i] = Σ_k x[t*ldx + k] · W[r0+i][k] for rows i in [0, nr), tokens t in [0, n). */
+static void matmul_rows(float *y, int ldy, const float *x, int ldx, const Mat *W, int r0, int nr, int n) {
+    g_bytes_read += (double)W->bytes * nr / W->rows;
+    if (n == 1) {
+#pragma omp parallel for schedule(static)
+        for (int i = 0; i < nr; i++) y[i] = row_dot(W, r0 + i, x);
+        return;
+    }
+#pragma omp parallel
+    {
+        float *row = g_row_scratch + (size_t)thread_id() * g_scratch_cols;
+#pragma omp for schedule(static)
+        for (int i = 0; i < nr; i++) {
+            mat_dequant_row(W, r0 + i, row);
+            for (int t = 0; t < n; t++) y[(size_t)t * ldy + i] = dot(row, x + (size_t)t * ldx, W->cols);
+        }
+    }
+}
+
+static void matmul(float *y, const float *x, const Mat *W, int n) {
+    matmul_rows(y, W->rows, x, W->cols, W, 0, W->rows, n);
+}
+
+/* ======================================================================== */
+/* 6. the forward pass                                                      */
+
+/* Scratch for one chunk of up to `cap` tokens; allocated once, reused for every step. */
+typedef struct {
+    int cap;                 /* tokens per chunk */
+    float *x;                /* [cap][H] residual stream */
+    float *a;                /* [cap][H] normalised input of attention / MLP */
+    float *cq;               /* [cap][QR] normalised q latent (also the indexer's query input) */
+    float *q;                /* [cap][NH*(DN+DR)] */
+    float *ckv;              /* [cap][KR+DR] */
+    float *q_abs;            /* [cap][NH][KR+DR] absorbed query: W_UKᵀ·q_nope, then roped q_pe */
+    float *o_lat;            /* [cap][NH][KR] attention output in latent space */
+    float *o_heads;          /* [cap][NH*DV] */
+    float *out;              /* [cap][H] output of attention / MLP before the residual add */
+    float *scores;           /* [threads][T] attention and indexer scores */
+    float *ix_q;             /* [cap][IH*ID] */
+    float *ix_k;             /* [cap][ID] */
+    float *ix_w;             /* [cap][IH] */
+    int *heap;               /* [threads][topk] top-k selection */
+    int *sel;                /* [cap][topk] key positions each token may attend to */
+    int *n_sel;              /* [cap] */
+    float *router;           /* [cap][E] */
+    int *ex_idx;             /* [cap][n_active] chosen experts */
+    float *ex_w;             /* [cap][n_active] their mixing weights */
+    int *ex_tokens;          /* [cap] tokens routed to the expert being run */
+    float *ex_x;             /* [cap][H] gathered inputs of one expert */
+    float *ex_y;             /* [cap][H] its outputs */
+    float *h1, *h2;          /* [cap][max(FD, n_shared*FI)] SwiGLU hidden */
+    float *logits;           /* [cap][V] */
+} RunState;
+
+static void runstate_init(RunState *s, const Config *c, int cap, int ctx) {
+    memset(s, 0, sizeof *s);
+    s->cap = cap;
+    int ffn = c->dense_inter > c->n_shared * c->moe_inter ? c->dense_inter : c->n_shared * c->moe_inter;
+    if (ffn < c->moe_inter) ffn = c->moe_inter;
+    size_t B = (size_t)cap;
+    s->x = xmalloc(B * c->hidden * sizeof(float));
+    s->a = xmalloc(B * c->hidden * sizeof(float));
+    s->cq = xmalloc(B * c->q_lora_rank * sizeof(float));
+    s->q = xmalloc(B * c->n_heads * (c->qk_nope + c->qk_rope) * sizeof(float));
+    s->ckv = xmalloc(B * (c->kv_lora_rank + c->qk_rope) * sizeof(float));
+    s->q_abs = xmalloc(B * c->n_heads * (c->kv_lora_rank + c->qk_rope) * sizeof(float));
+    s->o_lat = xmalloc(B * c->n_heads * c->kv_lora_rank * sizeof(float));
+    s->o_heads = xmalloc(B * c->n_heads * c->v_head * sizeof(float));
+    s->out = xmalloc(B * c->hidden * sizeof(float));
+    s->scores = xmalloc((size_t)g_threads * ctx * sizeof(float));
+    s->ix_q = xmalloc(B * c->index_n_heads * c->index_head_dim * sizeof(float));
+    s->ix_k = xmalloc(B * c->index_head_dim * sizeof(float));
+    s->ix_w = xmalloc(B * c->index_n_heads * sizeof(float));
+    s->heap = xmalloc((size_t)g_threads * c->index_topk * sizeof(int));
+    s->sel = xmalloc(B * c->index_topk * sizeof(int));
+    s->n_sel = xmalloc(B * sizeof(int));
+    s->router = xmalloc(B * c->n_experts * sizeof(float));
+    s->ex_idx = xmalloc(B * c->n_active * sizeof(int));
+    s->ex_w = xmalloc(B * c->n_active * sizeof(float));
+    s->ex_tokens = xmalloc(B * sizeof(int));
+    s->ex_x = xmalloc(B * c->hidden * sizeof(float));
+    s->ex_y = xmalloc(B * c->hidden * sizeof(float));
+    s->h1 = xmalloc(B * ffn * sizeof(float));
+    s->h2 = xmalloc(B * ffn * sizeof(float));
+    s->logits = xmalloc(B * c->vocab_size * sizeof(float));
+}
+
+static void runstate_free(RunState *s) {
+    void *all[] = {s->x, s->a, s->cq, s->q, s->ckv, s->q_abs, s->o_lat, s->o_heads, s->out, s->scores,
+                   s->ix_q, s->ix_k, s->ix_w, s->heap, s->sel, s->n_sel, s->router, s->ex_idx, s->ex_w,
+                   s->ex_tokens, s->ex_x, s->ex_y, s->h1, s->h2, s->logits};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) free(all[i]);
+}
+
+static void kvcache_init(KVCache *kv, const Model *m, int ctx) {
+    const Config *c = &m->cfg;
+    kv->ctx = ctx;
+    kv->pos = 0;
+    kv->latent = xcalloc((size_t)c->n_layers * ctx * (c->kv_lora_rank + c->qk_rope), sizeof(float));
+    kv->index_k = xcalloc((size_t)(m->n_index_layers ? m->n_index_layers : 1) * ctx * c->index_head_dim, sizeof(float));
+}
+
+static size_t kvcache_bytes(const Model *m, int ctx) {
+    const Config *c = &m->cfg;
+    return (size_t)ctx * ((size_t)c->n_layers * (c->kv_lora_rank + c->qk_rope) + (size_t)m->n_index_layers * c->index_head_dim) * sizeof(float);
+}
+
+static void kvcache_free(KVCache *kv) { free(kv->latent); free(kv->index_k); }
+
+/* --- small ops ---------------------------------------------------------- */
+
+/* RMSNorm (§3.1): y = w · x / sqrt(mean(x²) + eps), all fp32. */
+static void rmsnorm(float *y, const float *x, const float *w, int n, float eps) {
+    float ss = 0.0f;
+    for (int i = 0; i < n; i++) ss += x[i] * x[i];
+    float r = 1.0f / sqrtf(ss / (float)n + eps);
+    for (int i = 0; i < n; i++) y[i] = w[i] * (x[i] * r);
+}
+
+/* LayerNorm with bias (indexer k_norm, §3.1, pitfall 9): biased variance, eps 1e-6. */
+static void layernorm(float *y, const float *x, const float *w, const float *b, int n, float eps) {
+    float mean = 0.0f, var = 0.0f;
+    for (int i = 0; i < n; i++) mean += x[i];
+    mean /= (float)n;
+    for (int i = 0; i < n; i++) var += (x[i] - mean) * (x[i] - mean);
+    var /= (float)n;
+    float r = 1.0f / sqrtf(var + eps);
+    for (int i = 0; i < n; i++) y[i] = (x[i] - mean) * r * w[i] + b[i];
+}
+
+/* Interleaved (GPT-J) RoPE on a `dims`-long vector at position pos (§3.2): pairs
+ * (2i, 2i+1) rotate by pos·theta^(-2i/dims). Angles in double: at long context the
+ * fp32 product loses ~0.03 rad on the fastest frequency. */
+static void rope(float *u, int dims, int pos, double theta) {
+    for (int i = 0; i < dims / 2; i++) {
+        double ang = (double)pos * pow(theta, -2.0 * i / dims);
+        float c = (float)cos(ang), s = (float)sin(ang);
+        float a = u[2 * i], b = u[2 * i + 1];
+        u[2 * i] = a * c - b * s;
+        u[2 * i + 1] = a * s + b * c;
+    }
+}
+
+static float silu(float x) { return x / (1.0f + expf(-x)); }
+static float sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+/* The k best of score[0..n) in the strict order (higher score first, then lower
+ * index first) into out[0..k). Ties are common (ReLU zeros in the indexer), so
+ * the tie rule is part of the definition; the NumPy reference uses the same. */
+static int better(const float *score, int a, int b) {
+    return score[a] > score[b] || (score[a] == score[b] && a < b);
+}
+
+static void topk_select(const float *score, int n, int k, int *heap) {
+    /* min-heap of the k best so far: heap[0] is the worst of them */
+    for (int i = 0; i < n; i++) {
+        int pos;
+        if (i < k) { /* sift up */
+            pos = i;
+            while (pos > 0 && better(score, heap[(pos - 1) / 2], i)) { heap[pos] = heap[(pos - 1) / 2]; pos = (pos - 1) / 2; }
+            heap[pos] = i;
+        } else if (better(score, i, heap[0])) { /* replace the worst, sift down */
+            pos = 0;
+            for (;;) {
+                int l = 2 * pos + 1, r = l + 1, w = pos;
+                int wv = i; /* value being placed */
+                if (l < k && better(score, wv, heap[l])) { w = l; wv = heap[l]; }
+                if (r < k && better(score, wv, heap[r])) w = r;
+                if (w == pos) break;
+                heap[pos] = heap[w];
+                pos = w;
+            }
+            heap[pos] = i;
+        }
+    }
+}
+
+/* --- the DSA lightning indexer (§3.4) ----------------------------------- */
+
+/* For each token of the chunk: score every visible cached key, keep the top
+ * index_topk positions in s->sel. Writes this chunk's indexer keys into the cache. */
+static void indexer_select(const Model *m, const Layer *L, KVCache *kv, RunState *s, int n, int pos0) {
+    const Config *c = &m->cfg;
+    const int IH = c->index_n_heads, ID = c->index_head_dim, K = c->index_topk;
+    float *cache = kv->index_k + (size_t)L->index_slot * kv->ctx * ID;
+
+    matmul(s->ix_q, s->cq, &L->ix_wq_b, n);   /* queries from the normalised q latent */
+    matmul(s->ix_k, s->a, &L->ix_wk, n);      /* one key per token from the normalised hidden state */
+    matmul(s->ix_w, s->a, &L->ix_weights, n); /* per-head gates, may be negative */
+    for (int t = 0; t < n; t++) {
+        for (int h = 0; h < IH; h++) rope(s->ix_q + ((size_t)t * IH + h) * ID, c->qk_rope, pos0 + t, c->rope_theta);
+        float *k = cache + (size_t)(pos0 + t) * ID;
+        layernorm(k, s->ix_k + (size_t)t * ID, L->ix_knorm_w, L->ix_knorm_b, ID, 1e-6f);
+        rope(k, c->qk_rope, pos0 + t, c->rope_theta);
+    }
+    const float q_scale = 1.0f / sqrtf((float)ID), w_scale = 1.0f / sqrtf((float)IH);
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int t = 0; t < n; t++) {
+        int visible = pos0 + t + 1, *sel = s->sel + (size_t)t * K;
+        if (visible <= K) { /* every visible key is kept: attention is dense causal */
+            for (int j = 0; j < visible; j++) sel[j] = j;
+            s->n_sel[t] = visible;
+            continue;
+        }
+        float *score = s->scores + (size_t)thread_id() * kv->ctx;
+        const float *q = s->ix_q + (size_t)t * IH * ID, *w = s->ix_w + (size_t)t * IH;
+        for (int j = 0; j < visible; j++) {
+            const float *k = cache + (size_t)j * ID;
+            float sum = 0.0f;
+            for (int h = 0; h < IH; h++) {
+                float d = dot(q + (size_t)h * ID, k, ID) * q_scale;
+                sum += (w[h] * w_scale) * (d > 0.0f ? d : 0.0f); /* ReLU per head, then the signed weighted sum */
+            }
+            score[j] = sum;
+        }
+        topk_select(score, visible, K, sel);
+        s->n_sel[t] = K;
+    }
+    g_bytes_read += (double)n * (pos0 + n) * ID * sizeof(float);
+}
+
+/* --- MLA attention, absorbed form (§4.2) -------------------------------- */
+
+/* Attention of each chunk token over the cached latents it may see (s->sel).
+ * Keys are never expanded per head: the query is pulled into latent space
+ * (q_abs = W_UKᵀ·q_nope), scores are q_abs·c + q_pe·k_pe, the value sum stays a
+ * latent (o_lat = Σ p·c), and W_UV lifts it to the head output at the end. */
+static void mla_attend_absorbed(const Model *m, const Layer *L, const KVCache *kv, RunState *s, int layer, int n) {
+    const Config *c = &m->cfg;
+    const int NH = c->n_heads, DN = c->qk_nope, DR = c->qk_rope, DV = c->v_head, KR = c->kv_lora_rank;
+    const int QD = DN + DR, AD = KR + DR, K = c->index_topk;
+    const float *latent = kv->latent + (size_t)layer * kv->ctx * AD;
+    const float scale = 1.0f / sqrtf((float)(DN + DR)); /* 1/sqrt(qk_head_dim), not of the latent width (pitfall 7) */
+
+    /* absorb: q_abs[t][h][0:KR] = Σ_i q_nope[t][h][i] · W_UK[h][i][:] */
+#pragma omp parallel
+    {
+        float *row = g_row_scratch + (size_t)thread_id() * g_scratch_cols;
+#pragma omp for schedule(static)
+        for (int h = 0; h < NH; h++) {
+            for (int t = 0; t < n; t++) {
+                memset(s->q_abs + ((size_t)t * NH + h) * AD, 0, (size_t)KR * sizeof(float));
+                memcpy(s->q_abs + ((size_t)t * NH + h) * AD + KR, s->q + ((size_t)t * NH + h) * QD + DN, (size_t)DR * sizeof(float));
+            }
+            for (int i = 0; i < DN; i++) {
+                mat_dequant_row(&L->kv_b, h * (DN + DV) + i, row);
+                for (int t = 0; t < n; t++) {
+                    float qi = s->q[((size_t)t * NH + h) * QD + i], *qa = s->q_abs + ((size_t)t * NH + h) * AD;
+                    for (int j = 0; j < KR; j++) qa[j] += qi * row[j];
+                }
+            }
+        }
+    }
+    g_bytes_read += (double)L->kv_b.bytes * DN / (DN + DV);
+
+    /* scores, softmax and the latent value sum, per (token, head) */
+#pragma omp parallel for schedule(dynamic, 1) collapse(2)
+    for (int t = 0; t < n; t++) {
+        for (int h = 0; h < NH; h++) {
+            float *score = s->scores + (size_t)thread_id() * kv->ctx;
+            const int *sel = s->sel + (size_t)t * K, ns = s->n_sel[t];
+            const float *qa = s->q_abs + ((size_t)t * NH + h) * AD;
+            float mx = -INFINITY;
+            for (int j = 0; j < ns; j++) {
+                score[j] = dot(qa, latent + (size_t)sel[j] * AD, AD) * scale;
+                if (score[j] > mx) mx = score[j];
+            }
+            float sum = 0.0f;
+            for (int j = 0; j < ns; j++) { score[j] = expf(score[j] - mx); sum += score[j]; }
+            float *o = s->o_lat + ((size_t)t * NH + h) * KR;
+            memset(o, 0, (size_t)KR * sizeof(float));
+            for (int j = 0; j < ns; j++) {
+                const float *cj = latent + (size_t)sel[j] * AD, p = score[j] / sum;
+                for (int i = 0; i < KR; i++) o[i] += p * cj[i];
+            }
+        }
+    }
+    for (int t = 0; t < n; t++) g_bytes_read += (double)s->n_sel[t] * AD * sizeof(float);
+
+    /* un-absorb: o_heads[t][h] = W_UV[h] · o_lat[t][h] */
+    for (int h = 0; h < NH; h++)
+        matmul_rows(s->o_heads + (size_t)h * DV, NH * DV, s->o_lat + (size_t)h * KR, NH * KR, &L->kv_b, h * (DN + DV) + DN, DV, n);
+}
+
+/* One attention block for the chunk: projections, cache append, the indexer
+ * (full layers) or the previous selection (shared layers), attention, o_proj. */
+static void attention(const Model *m, const Layer *L, KVCache *kv, RunState *s, int layer, int n, int pos0) {
+    const Config *c = &m->cfg;
+    const int NH = c->n_heads, DN = c->qk_nope, DR = c->qk_rope, KR = c->kv_lora_rank, AD = KR + DR;
+
+    matmul(s->cq, s->a, &L->q_a, n);
+    for (int t = 0; t < n; t++) /* eps 1e-6 for the q/kv latent norms (pitfall 4) */
+        rmsnorm(s->cq + (size_t)t * c->q_lora_rank, s->cq + (size_t)t * c->q_lora_rank, L->q_a_norm, c->q_lora_rank, 1e-6f);
+    matmul(s->q, s->cq, &L->q_b, n);
+    matmul(s->ckv, s->a, &L->kv_a, n);
+    for (int t = 0; t < n; t++) {
+        for (int h = 0; h < NH; h++) rope(s->q + ((size_t)t * NH + h) * (DN + DR) + DN, DR, pos0 + t, c->rope_theta);
+        float *row = kv->latent + ((size_t)layer * kv->ctx + pos0 + t) * AD;
+        rmsnorm(row, s->ckv + (size_t)t * AD, L->kv_a_norm, KR, 1e-6f);
+        memcpy(row + KR, s->ckv + (size_t)t * AD + KR, (size_t)DR * sizeof(float));
+        rope(row + KR, DR, pos0 + t, c->rope_theta);
+    }
+    if (L->has_indexer) indexer_select(m, L, kv, s, n, pos0);
+    /* a shared layer keeps s->sel from the last full layer (IndexShare, §3.6) */
+    mla_attend_absorbed(m, L, kv, s, layer, n);
+    matmul(s->out, s->o_heads, &L->o, n);
+}
+
+/* --- feed-forward ------------------------------------------------------- */
+
+/* SwiGLU MLP on n rows of x: y = W_down · (SiLU(W_gate·x) ⊙ (W_up·x)). */
+static void swiglu(float *y, const float *x, const Mat *gate, const Mat *up, const Mat *down, RunState *s, int n) {
+    matmul(s->h1, x, gate, n);
+    matmul(s->h2, x, up, n);
+    size_t m = (size_t)n * gate->rows;
+    for (size_t i = 0; i < m; i++) s->h1[i] = silu(s->h1[i]) * s->h2[i];
+    matmul(y, s->h1, down, n);
+}
+
+/* Router (§3.7): fp32 sigmoid scores; the correction bias and group limit decide
+ * only WHICH experts run; the weights are the plain scores, renormalised, × scale. */
+static void moe_route(const Config *c, const float *logits, const float *bias, int *idx, float *weight) {
+    const int E = c->n_experts, G = c->n_group, per = E / G;
+    float score[E], sel[E];
+    for (int e = 0; e < E; e++) { score[e] = sigmoidf(logits[e]); sel[e] = score[e] + bias[e]; }
+    if (G > 1) { /* keep the topk_group groups with the largest sum of their two best experts */
+        float gscore[G];
+        int gbest[G];
+        for (int g = 0; g < G; g++) {
+            float b1 = -INFINITY, b2 = -INFINITY;
+            for (int e = g * per; e < (g + 1) * per; e++) {
+                if (sel[e] > b1) { b2 = b1; b1 = sel[e]; }
+                else if (sel[e] > b2) b2 = sel[e];
+            }
+            gscore[g] = b1 + b2;
+        }
+        topk_select(gscore, G, c->topk_group, gbest);
+        for (int g = 0; g < G; g++) {
+            int kept = 0;
+            for (int i = 0; i < c->topk_group; i++) kept |= gbest[i] == g;
+            if (!kept) for (int e = g * per; e < (g + 1) * per; e++) sel[e] = -INFINITY;
+        }
+    }
+    topk_select(sel, E, c->n_active, idx);
+    float sum = 0.0f;
+    for (int k = 0; k < c->n_active; k++) { weight[k] = score[idx[k]]; sum += weight[k]; }
+    for (int k = 0; k < c->n_active; k++)
+        weight[k] = (c->norm_topk_prob ? weight[k] / (sum + 1e-20f) : weight[k]) * c->routed_scale;
+}
+
+/* MoE block for n tokens: route, then run each chosen expert once on all the
+ * tokens that chose it (its weights are read once per chunk), plus the shared expert. */
+static void moe(const Model *m, const Layer *L, RunState *s, const float *x, float *y, int n) {
+    const Config *c = &m->cfg;
+    const int H = c->hidden, A = c->n_active;
+    matmul(s->router, x, &L->router, n);
+    for (int t = 0; t < n; t++) moe_route(c, s->router + (size_t)t * c->n_experts, L->router_bias, s->ex_idx + (size_t)t * A, s->ex_w + (size_t)t * A);
+
+    if (c->n_shared) swiglu(y, x, &L->sh_gate, &L->sh_up, &L->sh_down, s, n); /* unscaled (pitfall 8) */
+    else memset(y, 0, (size_t)n * H * sizeof(float));
+    for (int e = 0; e < c->n_experts; e++) {
+        int cnt = 0;
+        for (int t = 0; t < n; t++)
+            for (int k = 0; k < A; k++)
+                if (s->ex_idx[t * A + k] == e) {
+                    s->ex_tokens[cnt] = t * A + k; /* remembers token and slot */
+                    memcpy(s->ex_x + (size_t)cnt * H, x + (size_t)t * H, (size_t)H * sizeof(float));
+                    cnt++;
+                }
+        if (!cnt) continue;
+        swiglu(s->ex_y, s->ex_x, &L->ex_gate[e], &L->ex_up[e], &L->ex_down[e], s, cnt);
+        for (int i = 0; i < cnt; i++) {
+            int t = s->ex_tokens[i] / A;
+            float w = s->ex_w[s->ex_tokens[i]];
+            for (int j = 0; j < H; j++) y[(size_t)t * H + j] += w * s->ex_y[(size_t)i * H + j];
+        }
+    }
+}
+
+/* --- the whole model (§3.9) --------------------------------------------- */
+
+/* Runs tokens[0..n) at positions kv->pos.. and appends them to the cache. Writes
+ * logits [n][V] if all_logits, else only the last token's [V] (may be NULL). */
+static void forward(const Model *m, KVCache *kv, RunState *s, const int *tokens, int n, float *logits, int all_logits) {
+    const Config *c = &m->cfg;
+    const int H = c->hidden;
+    for (int start = 0; start < n; start += s->cap) {
+        int B = n - start < s->cap ? n - start : s->cap, pos0 = kv->pos;
+        for (int t = 0; t < B; t++) mat_dequant_row(&m->embed, tokens[start + t], s->x + (size_t)t * H);
+        g_bytes_read += (double)B * m->embed.bytes / m->embed.rows;
+        for (int l = 0; l < c->n_layers; l++) {
+            const Layer *L = &m->layers[l];
+            for (int t = 0; t < B; t++) rmsnorm(s->a + (size_t)t * H, s->x + (size_t)t * H, L->input_norm, H, c->rms_eps);
+            attention(m, L, kv, s, l, B, pos0);
+            for (size_t i = 0; i < (size_t)B * H; i++) s->x[i] += s->out[i];
+            for (int t = 0; t < B; t++) rmsnorm(s->a + (size_t)t * H, s->x + (size_t)t * H, L->post_norm, H, c->rms_eps);
+            if (c->dense[l]) swiglu(s->out, s->a, &L->gate, &L->up, &L->down, s, B);
+            else moe(m, L, s, s->a, s->out, B);
+            for (size_t i = 0; i < (size_t)B * H; i++) s->x[i] += s->out[i];
+        }
+        kv->pos += B;
+        if (all_logits) {
+            for (int t = 0; t < B; t++) rmsnorm(s->a + (size_t)t * H, s->x + (size_t)t * H, m->final_norm, H, c->rms_eps);
+            matmul(logits + (size_t)start * c->vocab_size, s->a, &m->lm_head, B);
+        } else if (logits && start + B == n) {
+            rmsnorm(s->a, s->x + (size_t)(B - 1) * H, m->final_norm, H, c->rms_eps);
+            matmul(logits, s->a, &m->lm_head, 1);
+        }
+    }
+}
+
+/* ======================================================================== */
+/* 7. sampling                                                              */
+
+typedef struct {
+    float temperature;       /* 0 = greedy */
+    float top_p;             /* nucleus size, 1 = off */
+    uint64_t rng;            /* xorshift64* state */
+    int *order;              /* [V] scratch for top-p */
+} Sampler;
+
+static float random_f32(Sampler *sp) { /* uniform in [0, 1) */
+    sp->rng ^= sp->rng >> 12; sp->rng ^= sp->rng << 25; sp->rng ^= sp->rng >> 27;
+    return (float)((sp->rng * 0x2545F4914F6CDD1Dull) >> 40) / 16777216.0f;
+}
+
+static int argmax(const float *x, int n) {
+    int best = 0;
+    for (int i = 1; i < n; i++) if (x[i] > x[best]) best = i;
+    return best;
+}
+
+static const float *g_sort_probs;
+static int cmp_prob_desc(const void *a, const void *b) {
+    float x = g_sort_probs[*(const int *)a], y = g_sort_probs[*(const int *)b];
+    return x < y ? 1 : x > y ? -1 : (*(const int *)a - *(const int *)b);
+}
+
+/* Picks the next token from logits[V] (overwritten with probabilities). */
+static int sample(Sampler *sp, float *logits, int V) {
+    if (sp->temperature <= 0.0f) return argmax(logits, V);
+    float mx = logits[argmax(logits, V)], sum = 0.0f;
+    for (int i = 0; i < V; i++) { logits[i] = expf((logits[i] - mx) / sp->temperature); sum += logits[i]; }
+    for (int i = 0; i < V; i++) logits[i] /= sum;
+    int n = 0;
+    if (sp->top_p < 1.0f) { /* sort only tokens that could be in the nucleus */
+        float cutoff = (1.0f - sp->top_p) / (float)(V - 1);
+        for (int i = 0; i < V; i++) if (logits[i] >= cutoff) sp->order[n++] = i;
+        g_sort_probs = logits;
+        qsort(sp->order, (size_t)n, sizeof(int), cmp_prob_desc);
+        float cum = 0.0f;
+        int last = n - 1;
+        for (int i = 0; i < n; i++) { cum += logits[sp->order[i]]; if (cum > sp->top_p) { last = i; break; } }
+        n = last + 1;
+        sum = cum < sp->top_p ? cum : 0.0f;
+        if (sum == 0.0f) for (int i = 0; i < n; i++) sum += logits[sp->order[i]];
+    } else {
+        for (int i = 0; i < V; i++) sp->order[i] = i;
+        n = V;
+        sum = 1.0f;
+    }
+    float r = random_f32(sp) * sum, cdf = 0.0f;
+    for (int i = 0; i < n; i++) { cdf += logits[sp->order[i]]; if (r < cdf) return sp->order[i]; }
+    return sp->order[n - 1];
+}
+
+/* ======================================================================== */
+/* 8. the command line                                                      */
+
+typedef struct {
+    const char *cmd;
+    const char *model_dir;
+    const char *ids;         /* --ids 1,2,3 */
+    const char *prompt;      /* -p TEXT */
+    const char *out;         /* -o FILE */
+    int n_gen;               /* -n */
+    int ctx;                 /* --ctx, 0 = default */
+    int decode;              /* --decode: logits one token at a time */
+    int threads;             /* -t, 0 = OpenMP default */
+    float temperature, top_p;
+    uint64_t seed;
+} Args;
+
+static void usage(void) {
+    fprintf(stderr,
+            "usage: glm COMMAND [options]\n"
+            "commands:\n"
+            "  run      -m DIR (--ids 1,2,3 | -p TEXT) [-n N] [--temp T] [--top-p P] [--seed S]\n"
+            "  logits   -m DIR --ids 1,2,3 -o FILE [--decode]   write float32 logits [n][vocab]\n"
+            "options: --ctx N (context length, default 4096), -t N (threads)\n");
+}
+
+static long parse_long(const char *flag, const char *s, long min, long max) {
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (!*s || *end || errno || v < min || v > max) glm_fatal("%s %s: expected an integer in [%ld, %ld]", flag, s, min, max);
+    return v;
+}
+
+static float parse_float(const char *flag, const char *s, float min, float max) {
+    char *end;
+    errno = 0;
+    float v = strtof(s, &end);
+    if (!*s || *end || errno || !(v >= min && v <= max)) glm_fatal("%s %s: expected a number in [%g, %g]", flag, s, min, max);
+    return v;
+}
+
+static void parse_args(Args *a, int argc, char **argv) {
+    memset(a, 0, sizeof *a);
+    a->cmd = argv[1];
+    a->n_gen = 32;
+    a->temperature = 1.0f;
+    a->top_p = 0.95f; /* generation_config.json of GLM-5.2 */
+    a->seed = (uint64_t)time(NULL);
+    for (int i = 2; i < argc; i++) {
+        const char *f = argv[i];
+        int has = i + 1 < argc;
+        if (!strcmp(f, "--decode")) { a->decode = 1; continue; }
+        if (!strcmp(f, "-h") || !strcmp(f, "--help")) { usage(); exit(0); }
+        if (f[0] != '-') glm_fatal("unexpected argument '%s'", f);
+        if (!strcmp(f, "-m") || !strcmp(f, "--ids") || !strcmp(f, "-p") || !strcmp(f, "-o") || !strcmp(f, "-n") ||
+            !strcmp(f, "--ctx") || !strcmp(f, "-t") || !strcmp(f, "--temp") || !strcmp(f, "--top-p") || !strcmp(f, "--seed")) {
+            if (!has) glm_fatal("%s: missing value", f);
+            const char *v = argv[++i];
+            if (!strcmp(f, "-m")) a->model_dir = v;
+            else if (!strcmp(f, "--ids")) a->ids = v;
+            else if (!strcmp(f, "-p")) a->prompt = v;
+            else if (!strcmp(f, "-o")) a->out = v;
+            else if (!strcmp(f, "-n")) a->n_gen = (int)parse_long(f, v, 0, 1 << 24);
+            else if (!strcmp(f, "--ctx")) a->ctx = (int)parse_long(f, v, 1, 1 << 24);
+            else if (!strcmp(f, "-t")) a->threads = (int)parse_long(f, v, 1, 1024);
+            else if (!strcmp(f, "--temp")) a->temperature = parse_float(f, v, 0.0f, 100.0f);
+            else if (!strcmp(f, "--top-p")) a->top_p = parse_float(f, v, 0.0f, 1.0f);
+            else a->seed = (uint64_t)parse_long(f, v, 0, 0x7fffffffffffffffL);
+            continue;
+        }
+        glm_fatal("unknown flag %s (see glm --help)", f);
+    }
+    if (!a->model_dir) glm_fatal("%s: -m DIR is required", a->cmd);
+}
+
+/* "1,2,3" -> ids, each checked against the vocabulary. */
+static int *parse_ids(const char *s, int vocab, int *n) {
+    int cap = 16, *ids = xmalloc((size_t)cap * sizeof(int));
+    *n = 0;
+    const char *p = s;
+    for (;;) {
+        char *end;
+        errno = 0;
+        long v = strtol(p, &end, 10);
+        if (end == p || errno || v < 0) glm_fatal("--ids: '%s' is not a comma-separated list of token ids", s);
+        if (v >= vocab) glm_fatal("--ids: token id %ld is out of range (vocab_size %d)", v, vocab);
+        if (*n == cap) { cap *= 2; ids = realloc(ids, (size_t)cap * sizeof(int)); if (!ids) glm_fatal("out of memory"); }
+        ids[(*n)++] = (int)v;
+        if (!*end) break;
+        if (*end != ',') glm_fatal("--ids: '%s' is not a comma-separated list of token ids", s);
+        p = end + 1;
+    }
+    return ids;
+}
+
+static int max_cols(const Config *c) {
+    int v[] = {c->hidden, c->q_lora_rank, c->kv_lora_rank, c->n_heads * c->v_head, c->dense_inter,
+               c->n_shared * c->moe_inter, c->moe_inter, 2 * c->hidden};
+    int mx = 0;
+    for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) if (v[i] > mx) mx = v[i];
+    return mx;
+}
+
+/* Everything a generation session holds: model, cache, scratch. */
+typedef struct {
+    Model model;
+    KVCache kv;
+    RunState state;
+} Session;
+
+static void session_open(Session *S, const Args *a, int n_prompt) {
+    Config probe;
+    config_load(&probe, a->model_dir); /* cheap checks before mapping gigabytes */
+    int ctx = a->ctx ? a->ctx : (probe.max_pos < 4096 ? probe.max_pos : 4096);
+    if (n_prompt > ctx) glm_fatal("--ctx %d: the %d prompt tokens do not fit the context", ctx, n_prompt);
+#ifdef _OPENMP
+    if (a->threads) omp_set_num_threads(a->threads);
+#endif
+    double t0 = now_s();
+    model_load(&S->model, a->model_dir);
+    scratch_init(max_cols(&S->model.cfg));
+    kvcache_init(&S->kv, &S->model, ctx);
+    runstate_init(&S->state, &S->model.cfg, ctx < 64 ? ctx : 64, ctx);
+    fprintf(stderr, "glm: %s: %d layers, %.2f GB of weights in %d shard(s), loaded in %.2f s; KV cache %d tokens x %zu bytes = %.1f MiB; %d threads\n",
+            a->model_dir, S->model.cfg.n_layers, S->model.weight_bytes / 1e9, S->model.ck.n_shards, now_s() - t0, ctx,
+            kvcache_bytes(&S->model, 1), kvcache_bytes(&S->model, ctx) / 1048576.0, g_threads);
+}
+
+static void session_close(Session *S) {
+    runstate_free(&S->state);
+    kvcache_free(&S->kv);
+    model_free(&S->model);
+    free(g_row_scratch);
+    g_row_scratch = NULL;
+}
+
+/* glm logits: float32 [n][V] for the whole sequence, by prefill or one token at a time. */
+static int cmd_logits(const Args *a) {
+    if (!a->ids) glm_fatal("logits: --ids is required");
+    if (!a->out) glm_fatal("logits: -o FILE is required");
+    Config probe;
+    config_load(&probe, a->model_dir);
+    int n;
+    int *ids = parse_ids(a->ids, probe.vocab_size, &n);
+    Session S;
+    session_open(&S, a, n);
+    const int V = S.model.cfg.vocab_size;
+    float *logits = xmalloc((size_t)n * V * sizeof(float));
+    if (a->decode)
+        for (int t = 0; t < n; t++) forward(&S.model, &S.kv, &S.state, ids + t, 1, logits + (size_t)t * V, 0);
+    else
+        forward(&S.model, &S.kv, &S.state, ids, n, logits, 1);
+
+    /* write under a temporary name, rename at the end: no half-written file */
+    size_t len = strlen(a->out);
+    char *tmp = xmalloc(len + 16);
+    snprintf(tmp, len + 16, "%s.partial", a->out);
+    g_partial_output = tmp;
+    FILE *f = fopen(tmp, "wb");
+    if (!f) glm_fatal("-o %s: cannot create: %s", a->out, strerror(errno));
+    size_t wrote = fwrite(logits, sizeof(float), (size_t)n * V, f);
+    if (fclose(f) != 0 || wrote != (size_t)n * V) glm_fatal("-o %s: write failed: %s", a->out, strerror(errno));
+    if (rename(tmp, a->out) != 0) glm_fatal("-o %s: rename failed: %s", a->out, strerror(errno));
+    g_partial_output = NULL;
+    free(tmp); free(logits); free(ids);
+    session_close(&S);
+    return 0;
+}
+
+static int is_eos(const Config *c, int id) {
+    for (int i = 0; i < c->n_eos; i++) if (c->eos[i] == id) return 1;
+    return 0;
+}
+
+/* glm run: prefill the prompt, then sample one token at a time through the cache. */
+static int cmd_run(const Args *a) {
+    if (!a->ids) glm_fatal("run: --ids is required (text prompts need the tokenizer)");
+    Config probe;
+    config_load(&probe, a->model_dir);
+    int n;
+    int *ids = parse_ids(a->ids, probe.vocab_size, &n);
+    Session S;
+    session_open(&S, a, n);
+    const Config *c = &S.model.cfg;
+    Sampler sp = {a->temperature, a->top_p, a->seed * 2654435761u + 88172645463325252ull, xmalloc((size_t)c->vocab_size * sizeof(int))};
+    float *logits = xmalloc((size_t)c->vocab_size * sizeof(float));
+
+    double t0 = now_s();
+    g_bytes_read = 0;
+    forward(&S.model, &S.kv, &S.state, ids, n, logits, 0);
+    double t_prefill = now_s() - t0;
+
+    int n_out = 0, next = sample(&sp, logits, c->vocab_size);
+    double t1 = now_s();
+    g_bytes_read = 0;
+    while (n_out < a->n_gen) {
+        printf("%s%d", n_out ? " " : "", next);
+        fflush(stdout);
+        n_out++;
+        if (is_eos(c, next) || n_out == a->n_gen || S.kv.pos >= S.kv.ctx) break;
+        forward(&S.model, &S.kv, &S.state, &next, 1, logits, 0);
+        next = sample(&sp, logits, c->vocab_size);
+    }
+    printf("\n");
+    double t_decode = now_s() - t1;
+    int n_dec = n_out > 1 ? n_out - 1 : 0; /* forward passes after the prefill */
+    fprintf(stderr, "prefill: %d tokens in %.3f s (%.2f tok/s)\n", n, t_prefill, n / t_prefill);
+    if (n_dec)
+        fprintf(stderr, "decode: %d tokens in %.3f s (%.2f tok/s), %.3f GB read per token, %.2f GB/s\n", n_dec, t_decode,
+                n_dec / t_decode, g_bytes_read / n_dec / 1e9, g_bytes_read / t_decode / 1e9);
+    free(sp.order); free(logits); free(ids);
+    session_close(&S);
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) { usage(); return argc < 2; }
+    Args a;
+    const char *cmd = argv[1];
+    if (!strcmp(cmd, "run")) { parse_args(&a, argc, argv); return cmd_run(&a); }
+    if (!strcmp(cmd, "logits")) { parse_args(&a, argc, argv); return cmd_logits(&a); }
+    glm_fatal("unknown command '%s' (see glm --help)", cmd);
+}

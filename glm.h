@@ -1,0 +1,163 @@
+/* glm.h - the model as data: config, weight matrices, layers, KV cache.
+ *
+ * Shared by glm.c (loader, CPU forward pass, CLI), convert.c (MXFP4 converter)
+ * and glm_hip.hip (GPU forward pass). Shapes are written as [rows, cols] with
+ * y = W·x, i.e. rows = out features, cols = in features, as in the HF files.
+ *
+ * Names used in shape comments:
+ *   H  hidden_size          NH  num_attention_heads   V   vocab_size
+ *   QR q_lora_rank          KR  kv_lora_rank          DN  qk_nope_head_dim
+ *   DR qk_rope_head_dim     DV  v_head_dim            IH  index_n_heads
+ *   ID index_head_dim       E   n_routed_experts      FI  moe_intermediate_size
+ *   FD intermediate_size (dense MLP)                  T   context length (--ctx)
+ */
+#ifndef GLM_H
+#define GLM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define GLM_MAX_LAYERS 512
+#define GLM_MAX_EOS 8
+
+/* ------------------------------------------------------------------------ */
+/* Configuration: every field read from config.json (GLM5-ARCHITECTURE.md §1). */
+
+typedef struct {
+    int vocab_size;          /* V: rows of embed_tokens and lm_head */
+    int hidden;              /* H */
+    int n_layers;            /* decoder layers 0..n_layers-1; the MTP layer (if any) is n_layers */
+    int n_mtp;               /* num_nextn_predict_layers: loaded-and-ignored */
+    int n_heads;             /* NH */
+    int q_lora_rank;         /* QR */
+    int kv_lora_rank;        /* KR: the cached latent width */
+    int qk_nope;             /* DN */
+    int qk_rope;             /* DR: rotary dims, last of each q head, first of each indexer head */
+    int v_head;              /* DV */
+    int index_n_heads;       /* IH */
+    int index_head_dim;      /* ID */
+    int index_topk;          /* keys each query may attend to */
+    int n_experts;           /* E */
+    int n_active;            /* num_experts_per_tok */
+    int n_shared;            /* n_shared_experts: shared expert width = n_shared * FI */
+    int moe_inter;           /* FI */
+    int dense_inter;         /* FD */
+    int n_group, topk_group; /* group-limited routing */
+    int norm_topk_prob;
+    float routed_scale;      /* routed_scaling_factor (routed experts only) */
+    float rms_eps;           /* rms_norm_eps: input/post/final norms */
+    double rope_theta;       /* rope_parameters.rope_theta */
+    int max_pos;             /* max_position_embeddings */
+    int n_eos, eos[GLM_MAX_EOS];
+    uint8_t dense[GLM_MAX_LAYERS];        /* 1 = dense MLP layer, 0 = MoE */
+    uint8_t full_index[GLM_MAX_LAYERS];   /* 1 = layer runs its own indexer ("full"), 0 = "shared" */
+} Config;
+
+/* ------------------------------------------------------------------------ */
+/* A weight matrix in its file format, used in place from the mmap'd shard. */
+
+typedef enum { WF_F32, WF_BF16, WF_FP8, WF_MXFP4 } WeightFormat;
+
+typedef struct {
+    WeightFormat fmt;
+    int rows, cols;          /* logical [out, in] */
+    const uint8_t *w;        /* F32 float[rows][cols] | BF16 uint16[rows][cols] |
+                                FP8 E4M3FN byte[rows][cols] | MXFP4 byte[rows][cols/2], element 2i in the low nibble */
+    const float *fp8_scale;  /* FP8: multipliers [ceil(rows/128)][ceil(cols/128)] (weight_scale_inv, copied to fp32) */
+    const uint8_t *mx_scale; /* MXFP4: E8M0 exponents [rows][cols/32], value 2^(s-127) */
+    size_t bytes;            /* bytes read by one full pass over the matrix (weights + scales) */
+} Mat;
+
+/* One decoder layer. Matrices a layer does not have are left zeroed (rows == 0). */
+typedef struct {
+    float *input_norm;       /* [H] RMSNorm before attention */
+    float *post_norm;        /* [H] RMSNorm before the MLP / MoE */
+    /* MLA attention */
+    Mat q_a;                 /* [QR, H] */
+    float *q_a_norm;         /* [QR] */
+    Mat q_b;                 /* [NH*(DN+DR), QR], per head: DN nope rows then DR rope rows */
+    Mat kv_a;                /* [KR+DR, H]: latent c then the shared k_pe */
+    float *kv_a_norm;        /* [KR] */
+    Mat kv_b;                /* [NH*(DN+DV), KR], per head: DN rows of W_UK then DV rows of W_UV */
+    Mat o;                   /* [H, NH*DV] */
+    /* DSA lightning indexer (full layers only) */
+    int has_indexer;
+    Mat ix_wq_b;             /* [IH*ID, QR], per head: DR roped dims first */
+    Mat ix_wk;               /* [ID, H] */
+    float *ix_knorm_w;       /* [ID] LayerNorm weight */
+    float *ix_knorm_b;       /* [ID] LayerNorm bias */
+    Mat ix_weights;          /* [IH, H] per-head gate */
+    int index_slot;          /* row of this layer in the indexer-key cache, -1 if shared */
+    /* dense MLP (SwiGLU) */
+    Mat gate, up, down;      /* [FD, H], [FD, H], [H, FD] */
+    /* MoE */
+    Mat router;              /* [E, H] */
+    float *router_bias;      /* [E] e_score_correction_bias, selection only */
+    Mat sh_gate, sh_up, sh_down;     /* shared expert: [n_shared*FI, H] x2, [H, n_shared*FI] */
+    Mat *ex_gate, *ex_up, *ex_down;  /* [E] routed experts: [FI, H], [FI, H], [H, FI] */
+} Layer;
+
+/* One safetensors shard, mapped read-only. */
+typedef struct {
+    char *path;
+    const uint8_t *map;      /* whole file */
+    size_t size;
+    const uint8_t *data;     /* start of the data section (8 + header length) */
+    size_t data_size;
+} Shard;
+
+/* One tensor as described by a shard header. */
+typedef struct {
+    char *name;
+    char dtype[16];          /* as written: BF16, F32, F8_E4M3, U8, ... */
+    int ndim;
+    int64_t shape[8];
+    const uint8_t *data;     /* inside its shard's mapping */
+    size_t nbytes;
+    int shard;               /* index into Checkpoint.shards */
+} TensorInfo;
+
+typedef struct {
+    char *dir;
+    Shard *shards; int n_shards;
+    TensorInfo *tensors; int n_tensors;
+    int *table; int table_size;   /* open-addressing hash: name -> tensor index, -1 = empty */
+} Checkpoint;
+
+typedef struct {
+    Config cfg;
+    Checkpoint ck;
+    Mat embed;               /* [V, H] */
+    float *final_norm;       /* [H] */
+    Mat lm_head;             /* [V, H] */
+    Layer *layers;           /* [n_layers] (the MTP layer is checked, not kept) */
+    int n_index_layers;      /* how many layers own an indexer-key cache */
+    size_t weight_bytes;     /* all matrices and vectors used by the main forward */
+} Model;
+
+/* KV cache: what each token leaves behind for later tokens (GLM5-ARCHITECTURE.md §4.1). */
+typedef struct {
+    int ctx;                 /* T: capacity in tokens */
+    int pos;                 /* tokens cached so far */
+    float *latent;           /* [n_layers][T][KR+DR]: post-norm latent c, then roped k_pe */
+    float *index_k;          /* [n_index_layers][T][ID]: post-LayerNorm, roped indexer keys */
+} KVCache;
+
+/* ------------------------------------------------------------------------ */
+/* Shared helpers (glm.c) */
+
+void glm_fatal(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
+void checkpoint_open(Checkpoint *ck, const char *dir);
+void checkpoint_close(Checkpoint *ck);
+const TensorInfo *checkpoint_find(const Checkpoint *ck, const char *name);
+void config_load(Config *c, const char *dir);
+void model_load(Model *m, const char *dir);
+void model_free(Model *m);
+float bf16_to_f32(uint16_t b);
+uint16_t f32_to_bf16(float f);
+extern const float e2m1_value[16];
+float e8m0_to_f32(uint8_t s);
+float fp8_e4m3_to_f32(uint8_t b);
+void mat_dequant_row(const Mat *W, int r, float *out);
+
+#endif

@@ -41,6 +41,7 @@
  * command that writes an output file registers it so a failure never leaves a
  * half-written file behind. */
 static const char *g_partial_output;
+void (*glm_fatal_cleanup)(void);
 
 void glm_fatal(const char *fmt, ...) {
     char msg[1024];
@@ -53,6 +54,7 @@ void glm_fatal(const char *fmt, ...) {
     fflush(stdout);
     fprintf(stderr, "glm: error: %s\n", msg);
     if (g_partial_output) unlink(g_partial_output);
+    if (glm_fatal_cleanup) glm_fatal_cleanup();
     exit(1);
 }
 
@@ -82,14 +84,14 @@ static char *path_join(const char *dir, const char *name) {
     return p;
 }
 
-static double now_s(void) {
+double now_s(void) {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
 /* A progress bar on stderr, only when stderr is a terminal (logs stay clean). */
-static void progress(const char *what, size_t done, size_t total, double t0) {
+void progress(const char *what, size_t done, size_t total, double t0) {
     static int tty = -1;
     if (tty < 0) tty = isatty(2);
     if (!tty || total == 0) return;

@@ -146,7 +146,12 @@ typedef struct {
 /* ------------------------------------------------------------------------ */
 /* Shared helpers (glm.c) */
 
+/* One line "glm: error: ..." on stderr, then exit(1). Before exiting it calls
+ * glm_fatal_cleanup (if set), e.g. to remove a converter's temporary files. */
 void glm_fatal(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
+extern void (*glm_fatal_cleanup)(void);
+double now_s(void);                                              /* monotonic seconds */
+void progress(const char *what, size_t done, size_t total, double t0); /* bar on a tty stderr */
 void checkpoint_open(Checkpoint *ck, const char *dir);
 void checkpoint_close(Checkpoint *ck);
 const TensorInfo *checkpoint_find(const Checkpoint *ck, const char *name);

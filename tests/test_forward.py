@@ -1,0 +1,755 @@
+#!/usr/bin/python3
+"""glm.c forward-pass tests against the independent NumPy reference (tests/ref.py).
+
+Run from the repository root:   /usr/bin/python3 tests/test_forward.py [-k SUBSTRING]
+Environment:  GLM       binary under test (default ./glm)
+              TEST_OUT  scratch directory (default tests/out/forward; wiped at start)
+
+Prints one line per test ("PASS name" / "FAIL name: reason"), then "N passed, N failed";
+exits 1 on any failure.
+"""
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import time
+import traceback
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import numpy as np  # noqa: E402
+
+import make_tiny  # noqa: E402
+import ref  # noqa: E402
+
+GLM = os.environ.get("GLM", "./glm")
+OUT = os.environ.get("TEST_OUT", os.path.join(HERE, "out", "forward"))
+PY = sys.executable or "/usr/bin/python3"
+
+SHARD1 = "model-00001-of-00002.safetensors"
+SHARD2 = "model-00002-of-00002.safetensors"
+
+# the tiny checkpoints; every variant has 6 decoder layers + the MTP layer 6
+VARIANTS = {
+    # layers 0,1 dense; indexer F F S S F S (index_topk_freq 3, offset 2); 8 experts top-2
+    "bf16": ["--variant", "bf16", "--seed", "11"],
+    "fp8": ["--variant", "fp8", "--seed", "12"],
+    "mxfp4": ["--variant", "mxfp4", "--seed", "13"],
+    "mixed": ["--variant", "mixed", "--seed", "14"],
+    # 16 experts in 4 groups, keep 2 groups, top-3; layer 0 dense; indexer F S F S F S from the
+    # formula (freq 2, offset 1) because indexer_types is omitted from config.json
+    "ngroup": ["--variant", "bf16", "--seed", "15", "--n-group", "4", "--topk-group", "2",
+               "--dense-layers", "1", "--topk-freq", "2", "--skip-offset", "1",
+               "--no-indexer-types"],
+}
+SEQ_LEN = 48        # logits test sequence (index_topk is 8, so most positions are sparse)
+PROMPT_LEN = 8      # greedy prompt
+GEN = 32            # greedy continuation
+TOL_REF = 1e-4      # glm vs reference, relative L2 per position
+TOL_DECODE = 1e-5   # prefill vs --decode
+GAP_TOL = 2e-5      # reject inputs whose discrete decisions are this close to a tie
+ARGMAX_GAP = 1e-3   # reject inputs whose top-1/top-2 logit gap is smaller
+
+SANITIZER_MARKS = ("AddressSanitizer", "LeakSanitizer", "UndefinedBehaviorSanitizer",
+                   "runtime error:", "ThreadSanitizer", "MemorySanitizer")
+
+results = []
+FILTER = None
+
+
+class Fail(Exception):
+    pass
+
+
+def check(cond, msg):
+    if not cond:
+        raise Fail(msg)
+
+
+def test(name, fn, *args):
+    if FILTER and FILTER not in name:
+        return
+    t0 = time.time()
+    try:
+        fn(*args)
+        line = "PASS %s" % name
+        results.append(True)
+    except Fail as e:
+        line = "FAIL %s: %s" % (name, str(e).replace("\n", " | "))
+        results.append(False)
+    except Exception as e:  # a bug in the test itself or an unexpected condition
+        tb = traceback.extract_tb(e.__traceback__)[-1]
+        line = "FAIL %s: %s: %s (%s:%d)" % (name, type(e).__name__, str(e).replace("\n", " | "),
+                                          os.path.basename(tb.filename), tb.lineno)
+        results.append(False)
+    dt = time.time() - t0
+    print(line + ("" if dt < 2 else "  [%.1fs]" % dt), flush=True)
+
+
+def rel_rows(a, b):
+    return np.linalg.norm(a - b, axis=1) / np.maximum(np.linalg.norm(b, axis=1), 1e-30)
+
+
+# --------------------------------------------------------------------------------------
+# running the binary
+
+def run_glm(args, timeout=300):
+    try:
+        p = subprocess.run([GLM] + args, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise Fail("timeout after %ds: glm %s" % (timeout, " ".join(args)))
+    out = p.stdout.decode("utf-8", "replace")
+    err = p.stderr.decode("utf-8", "replace")
+    if p.returncode < 0:
+        raise Fail("crashed with signal %d: glm %s; stderr: %s" % (-p.returncode, " ".join(args), err[-400:]))
+    if p.returncode > 1:
+        raise Fail("exit code %d (crash?): glm %s; stderr: %s" % (p.returncode, " ".join(args), err[-400:]))
+    for mk in SANITIZER_MARKS:
+        if mk in err:
+            raise Fail("sanitizer report (%s): glm %s; stderr: %s" % (mk, " ".join(args), err[-600:]))
+    return p.returncode, out, err
+
+
+def need_glm():
+    check(os.path.isfile(GLM) and os.access(GLM, os.X_OK), "binary %s not found (set GLM=...)" % GLM)
+
+
+def glm_logits(d, ids, extra=(), tag="x"):
+    need_glm()
+    out = os.path.join(OUT, "logits-%s.f32" % tag)
+    if os.path.exists(out):
+        os.remove(out)
+    args = ["logits", "-m", d, "--ids", ",".join(str(i) for i in ids), "-o", out] + list(extra)
+    rc, so, se = run_glm(args)
+    check(rc == 0, "glm %s: exit %d: %s" % (" ".join(args), rc, se.strip()[-300:]))
+    check(os.path.exists(out), "glm logits wrote no %s" % out)
+    V = CK[d_to_variant(d)]["cfg"]["vocab_size"]
+    sz = os.path.getsize(out)
+    check(sz == 4 * len(ids) * V, "logits file has %d bytes, expected %d x %d x 4 = %d"
+          % (sz, len(ids), V, 4 * len(ids) * V))
+    a = np.fromfile(out, dtype="<f4").reshape(len(ids), V).astype(np.float64)
+    check(np.isfinite(a).all(), "non-finite logits")
+    return a
+
+
+# --------------------------------------------------------------------------------------
+# fixtures
+
+CK = {}  # variant -> dict(dir, cfg, model, ids, ref_logits, stats, prompt, ref_greedy)
+
+
+def d_to_variant(d):
+    for v, c in CK.items():
+        if c["dir"] == d:
+            return v
+    raise KeyError(d)
+
+
+def pick_ids(m, rng, n, tries=30):
+    """random ids whose reference run has no near-tie in any discrete decision."""
+    for _ in range(tries):
+        ids = [int(i) for i in rng.integers(0, m.V, n)]
+        st = ref.Stats()
+        lg = ref.forward(m, ids, stats=st)
+        srt = np.sort(lg, axis=1)
+        if st.ok(GAP_TOL) and (srt[:, -1] - srt[:, -2]).min() > ARGMAX_GAP:
+            return ids, lg, st
+    raise RuntimeError("could not find a well-separated input in %d tries" % tries)
+
+
+def pick_greedy(m, rng, tries=10):
+    for _ in range(tries):
+        prompt = [int(i) for i in rng.integers(0, m.V, PROMPT_LEN)]
+        st = ref.Stats()
+        margins = []
+        gen = ref.greedy(m, prompt, GEN, stats=st, margins=margins)
+        if st.ok(GAP_TOL) and min(margins) > ARGMAX_GAP:
+            return prompt, gen
+    raise RuntimeError("could not find a well-separated greedy prompt in %d tries" % tries)
+
+
+def setup():
+    if os.path.isdir(OUT):
+        shutil.rmtree(OUT)
+    os.makedirs(OUT)
+    for k, (v, argv) in enumerate(VARIANTS.items()):
+        d = os.path.join(OUT, v)
+        cfg = make_tiny.make(d, argv)
+        m = ref.Model(d)
+        rng = np.random.default_rng(1000 + k)
+        ids, lg, st = pick_ids(m, rng, SEQ_LEN)
+        CK[v] = dict(dir=d, cfg=cfg, model=m, ids=ids, ref_logits=lg, stats=st, rng=rng)
+
+
+# --------------------------------------------------------------------------------------
+# reference self-checks (no binary needed)
+
+def t_ref_decoders():
+    T = ref.FP8_E4M3
+    for b, v in [(0x00, 0.0), (0x38, 1.0), (0xB8, -1.0), (0x7E, 448.0), (0xFE, -448.0),
+                 (0x01, 2.0 ** -9), (0x07, 7 * 2.0 ** -9), (0x08, 2.0 ** -6), (0x40, 2.0),
+                 (0x3C, 1.5), (0x30, 0.5)]:
+        check(T[b] == v, "E4M3 0x%02x -> %r, expected %r" % (b, T[b], v))
+    check(np.isnan(T[0x7F]) and np.isnan(T[0xFF]), "E4M3 NaN codes")
+    check(T[0x80] == 0.0 and np.signbit(T[0x80]), "E4M3 0x80 must be -0")
+    # MXFP4: codes [1,2,3,4] pack to bytes [0x21, 0x43] (low nibble = lower element)
+    w = ref.dequant_mxfp4(np.array([[0x21, 0x43] + [0x00] * 14], np.uint8), np.array([[127]], np.uint8))
+    check(list(w[0, :4]) == [0.5, 1.0, 1.5, 2.0], "nibble order / E2M1 values: %r" % w[0, :4])
+    w = ref.dequant_mxfp4(np.array([[0xF9] + [0x8F] * 15], np.uint8), np.array([[129]], np.uint8))
+    check(w[0, 0] == -2.0 and w[0, 1] == -24.0 and w[0, 2] == -24.0 and w[0, 3] == 0.0,
+          "E2M1 signs / E8M0 scale 129: %r" % w[0, :4])
+    check(ref.e8m0_to_f64(np.uint8(0)) == 2.0 ** -127 and ref.e8m0_to_f64(np.uint8(127)) == 1.0
+          and np.isnan(ref.e8m0_to_f64(np.uint8(255))), "E8M0")
+    check(ref.bf16_to_f64(np.uint16(0x3F80)) == 1.0 and ref.bf16_to_f64(np.uint16(0xC000)) == -2.0
+          and ref.bf16_to_f64(np.uint16(0x3E20)) == 0.15625, "BF16")
+    # FP8 block scales with partial edge blocks: [130, 136] -> scale [2, 2]
+    q = np.full((130, 136), 0x38, np.uint8)
+    s = np.array([[1.0, 2.0], [3.0, 4.0]])
+    W = ref.dequant_fp8(q, s)
+    check(W[0, 0] == 1 and W[127, 127] == 1 and W[0, 128] == 2 and W[128, 0] == 3
+          and W[129, 135] == 4 and W[127, 135] == 2, "FP8 block scale indexing")
+
+
+def t_ref_quant_roundtrip():
+    rng = np.random.default_rng(5)
+    w = rng.standard_normal((70, 96)) * 0.1
+    p, sc = make_tiny.quant_mxfp4(w, rng)
+    d = ref.dequant_mxfp4(p, sc)
+    step = np.repeat(2.0 ** (sc.astype(np.float64) - 127), 32, axis=1)  # 1 unit of the grid
+    check(np.all(np.abs(d - w) <= step * 1.0 + 1e-12), "MXFP4 round trip error too large")
+    check(np.corrcoef(d.ravel(), w.ravel())[0, 1] > 0.97, "MXFP4 round trip uncorrelated")
+    w = rng.standard_normal((200, 150)) * 0.05
+    q, s = make_tiny.quant_fp8(w, rng)
+    d = ref.dequant_fp8(q, s.astype(np.float64))
+    check(np.abs(d - w).max() <= 0.07 * np.abs(w).max(), "FP8 round trip error too large")
+    u = make_tiny.f32_to_bf16_bits(np.array([1.0, -2.0, 0.15625, 1.0 + 2 ** -9]))
+    check(list(u) == [0x3F80, 0xC000, 0x3E20, 0x3F80], "BF16 encode %r" % list(u))
+
+
+def t_ref_safetensors_roundtrip():
+    p = os.path.join(OUT, "rt.safetensors")
+    a = np.arange(6, dtype=np.float32).reshape(2, 3)
+    b = np.arange(5, dtype=np.uint8)
+    make_tiny.write_safetensors(p, [("b", "U8", (5,), b.tobytes()), ("a", "F32", (2, 3), a.tobytes()),
+                                    ("e", "F32", (0,), b"")], {"format": "pt"})
+    raw = open(p, "rb").read()
+    (n,) = struct.unpack("<Q", raw[:8])
+    check(n % 8 == 0 and raw[8:9] == b"{", "header length %d not padded to 8 / not JSON" % n)
+    f = ref.SafetensorsFile(p)
+    check(f.raw("a")[1].tolist() == a.tolist() and f.raw("b")[1].tolist() == b.tolist(), "values")
+    check(f.meta == {"format": "pt"}, "metadata")
+    check(f.header["a"]["data_offsets"] == [0, 24] and f.header["b"]["data_offsets"] == [24, 29],
+          "offsets %r" % f.header)
+
+
+def t_ref_checkpoint_layout(v):
+    c = CK[v]
+    d, cfg = c["dir"], c["cfg"]
+    L = cfg["num_hidden_layers"]
+    idx = json.load(open(os.path.join(d, "model.safetensors.index.json")))
+    files = sorted(set(idx["weight_map"].values()))
+    check(files == [SHARD1, SHARD2], "shards %r" % files)
+    total = 0
+    hdr = {}
+    for fn in files:
+        f = ref.SafetensorsFile(os.path.join(d, fn))
+        for name, h in f.header.items():
+            check(idx["weight_map"].get(name) == fn, "%s not mapped to %s" % (name, fn))
+            total += h["data_offsets"][1] - h["data_offsets"][0]
+            hdr[name] = h
+        ends = sorted(h["data_offsets"] for h in f.header.values())
+        check(ends[0][0] == 0 and all(x[1] == y[0] for x, y in zip(ends, ends[1:]))
+              and ends[-1][1] == len(f.buf) - f.data_start, "%s: tensors not contiguous" % fn)
+    check(total == idx["metadata"]["total_size"], "total_size")
+    check(len(hdr) == len(idx["weight_map"]), "index and shards disagree")
+    freq, off = cfg["index_topk_freq"], cfg["index_skip_topk_offset"]
+    types = make_tiny.indexer_types_from_formula(L, freq, off)
+    if "indexer_types" in cfg:
+        check(cfg["indexer_types"] == types, "indexer_types inconsistent with the formula")
+    check("full" in types and "shared" in types, "need both full and shared layers")
+    check(cfg["head_dim"] != cfg["qk_head_dim"], "head_dim should be the wrong legacy value")
+    check(cfg["v_head_dim"] != cfg["qk_nope_head_dim"], "v_head_dim must differ from qk_nope")
+    for i in range(L + 1):
+        has = ("model.layers.%d.self_attn.indexer.wk.weight" % i) in hdr
+        want = i == L or types[i] == "full"
+        check(has == want, "layer %d indexer tensors present=%s, expected %s" % (i, has, want))
+    for n in ("enorm.weight", "hnorm.weight", "eh_proj.weight", "shared_head.norm.weight",
+              "mlp.experts.0.up_proj.weight", "self_attn.indexer.k_norm.bias"):
+        check("model.layers.%d.%s" % (L, n) in hdr, "MTP tensor %s missing" % n)
+    check(hdr["model.layers.%d.mlp.gate.e_score_correction_bias" % (L - 1)]["dtype"] == "F32", "bias dtype")
+    moe = cfg["first_k_dense_replace"]
+    e0 = "model.layers.%d.mlp.experts.0.down_proj" % moe
+    qb = "model.layers.0.self_attn.q_b_proj"
+    var = cfg.get("quantization_config", {}).get("quant_method")
+    dt = {n: hdr[n]["dtype"] for n in hdr}
+    if v in ("fp8", "mixed"):
+        check(dt[qb + ".weight"] == "F8_E4M3", "fp8 attention")
+        kvb = hdr["model.layers.0.self_attn.kv_b_proj.weight_scale_inv"]["shape"]
+        check(kvb == [3, 1], "kv_b scale shape %r" % kvb)
+    if v in ("mxfp4", "mixed"):
+        check(dt[e0 + ".weight"] == "U8" and hdr[e0 + ".weight_scale"]["shape"] == [cfg["hidden_size"], 2],
+              "mxfp4 expert layout")
+        check(dt["model.layers.%d.mlp.experts.0.down_proj.weight" % L] == "BF16", "MTP experts BF16")
+        check(var == "quark", "quark config")
+    if v == "fp8":
+        check(var == "fp8" and dt[e0 + ".weight"] == "F8_E4M3", "fp8 experts")
+        check(dt["model.layers.0.self_attn.indexer.weights_proj.weight"] == "BF16", "weights_proj BF16")
+    if v in ("bf16", "ngroup"):
+        check(var is None and set(dt.values()) == {"BF16", "F32"}, "bf16 dtypes %r" % set(dt.values()))
+
+
+def t_ref_absorbed(v):
+    c = CK[v]
+    la = ref.forward(c["model"], c["ids"], absorbed=True)
+    r = rel_rows(la, c["ref_logits"]).max()
+    check(r < 1e-10, "absorbed vs expanded MLA: rel %.3g" % r)
+
+
+def t_ref_fp32(v):
+    c = CK[v]
+    m32 = ref.Model(c["dir"], np.float32)
+    l32 = ref.forward(m32, c["ids"])
+    r = rel_rows(l32, c["ref_logits"])
+    check(r.max() < TOL_REF / 10, "an fp32 evaluation differs by %.3g (tolerance unreachable)" % r.max())
+    check((l32.argmax(1) == c["ref_logits"].argmax(1)).all(), "fp32 argmax differs")
+
+
+def t_ref_indexer_matters():
+    for v, c in CK.items():
+        ld = ref.forward(c["model"], c["ids"], dense=True)
+        r = rel_rows(ld, c["ref_logits"])
+        k = c["cfg"]["index_topk"]
+        check(r[:k].max() < 1e-12, "%s: positions < index_topk must be dense already (rel %.3g)" % (v, r[:k].max()))
+        check(r[2 * k:].min() > 1e-2, "%s: dense vs sparse only differ by %.3g at a late position" % (v, r[2 * k:].min()))
+        c["ref_dense"] = ld
+
+
+def t_ref_tiebreak_exercised():
+    ties = sum(c["stats"].idx_ties for c in CK.values())
+    check(ties > 0, "no indexer boundary was decided by the tie-break rule")
+    worst = 0.0
+    for c in CK.values():
+        if c["stats"].idx_ties:
+            lt = ref.forward(c["model"], c["ids"], opts={"tie_high": True})
+            worst = max(worst, rel_rows(lt, c["ref_logits"]).max())
+    check(worst > 1e-3, "the tie-break rule never changes the logits (%.3g)" % worst)
+
+
+def t_ref_bias_matters():
+    for v in ("bf16", "mxfp4"):
+        c = CK[v]
+        lb = ref.forward(c["model"], c["ids"], opts={"no_bias": True})
+        r = rel_rows(lb, c["ref_logits"]).max()
+        check(r > 1e-2, "%s: e_score_correction_bias does not change selection (%.3g)" % (v, r))
+
+
+def t_ref_group_matters():
+    c = CK["ngroup"]
+    check(c["cfg"]["n_group"] > 1 and c["cfg"]["topk_group"] < c["cfg"]["n_group"], "config")
+    lg = ref.forward(c["model"], c["ids"], opts={"no_group": True})
+    r = rel_rows(lg, c["ref_logits"]).max()
+    check(r > 1e-2, "group-limited routing does not change the result (%.3g)" % r)
+
+
+def t_ref_cli():
+    c = CK["bf16"]
+    out = os.path.join(OUT, "ref-cli.f32")
+    ids = c["ids"][:20]
+    p = subprocess.run([PY, os.path.join(HERE, "ref.py"), "logits", c["dir"], "--ids",
+                        ",".join(map(str, ids)), "-o", out], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    check(p.returncode == 0, "ref.py logits failed: %s" % p.stderr.decode()[-300:])
+    a = np.fromfile(out, "<f4").reshape(len(ids), -1)
+    check(np.allclose(a, c["ref_logits"][:20], rtol=1e-6, atol=1e-6), "ref.py CLI logits differ")
+    p = subprocess.run([PY, os.path.join(HERE, "ref.py"), "greedy", c["dir"], "--ids",
+                        ",".join(map(str, ids)), "-n", "3"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    got = p.stdout.decode().split()
+    check(p.returncode == 0 and len(got) == 3 and int(got[0]) == int(c["ref_logits"][19].argmax()),
+          "ref.py greedy: %r %s" % (got, p.stderr.decode()[-200:]))
+
+
+# --------------------------------------------------------------------------------------
+# glm vs reference
+
+def compare(tag, got, want, tol):
+    r = rel_rows(got, want)
+    bad = np.nonzero(r > tol)[0]
+    check(len(bad) == 0, "%s: rel L2 %.3g at position %d (%d positions over %.0e; max %.3g)"
+          % (tag, r[bad[0]], bad[0], len(bad), tol, r.max()) if len(bad) else "")
+    am = np.nonzero(got.argmax(1) != want.argmax(1))[0]
+    check(len(am) == 0, "%s: argmax differs at position %d (%d vs %d)"
+          % (tag, am[0], got[am[0]].argmax(), want[am[0]].argmax()) if len(am) else "")
+    return r.max()
+
+
+def t_logits(v):
+    c = CK[v]
+    got = glm_logits(c["dir"], c["ids"], tag=v)
+    c["glm_logits"] = got
+    compare("prefill vs ref", got, c["ref_logits"], TOL_REF)
+
+
+def t_decode(v):
+    c = CK[v]
+    got = glm_logits(c["dir"], c["ids"], ["--decode"], tag=v + "-decode")
+    compare("--decode vs ref", got, c["ref_logits"], TOL_REF)
+    check("glm_logits" in c, "no prefill logits to compare with (prefill test failed)")
+    compare("--decode vs prefill", got, c["glm_logits"], TOL_DECODE)
+
+
+def t_ctx_ok():
+    c = CK["bf16"]
+    got = glm_logits(c["dir"], c["ids"], ["--ctx", str(len(c["ids"]))], tag="ctx")
+    compare("--ctx %d vs ref" % len(c["ids"]), got, c["ref_logits"], TOL_REF)
+
+
+def t_indexer_matters_glm():
+    for v in ("bf16", "ngroup"):
+        c = CK[v]
+        check("glm_logits" in c and "ref_dense" in c, "%s: prerequisites failed" % v)
+        k = c["cfg"]["index_topk"]
+        rd = rel_rows(c["glm_logits"], c["ref_dense"])
+        rs = rel_rows(c["glm_logits"], c["ref_logits"])
+        check(rd[2 * k:].min() > 1e-2, "%s: glm looks like dense attention (rel to dense %.3g)" % (v, rd[2 * k:].min()))
+        check(rs.max() <= TOL_REF, "%s: glm does not match the sparse reference (%.3g)" % (v, rs.max()))
+
+
+def t_greedy(v):
+    c = CK[v]
+    m = c["model"]
+    if "prompt" not in c:
+        c["prompt"], c["ref_greedy"] = pick_greedy(m, c["rng"])
+    prompt, want = c["prompt"], c["ref_greedy"]
+    need_glm()
+    args = ["run", "-m", c["dir"], "--ids", ",".join(map(str, prompt)), "-n", str(GEN), "--temp", "0"]
+    rc, so, se = run_glm(args)
+    check(rc == 0, "glm %s: exit %d: %s" % (" ".join(args), rc, se.strip()[-300:]))
+    lines = so.splitlines()
+    check(len(lines) == 1, "stdout must be exactly one line, got %d: %r" % (len(lines), so[:200]))
+    try:
+        got = [int(t) for t in lines[0].split()]
+    except ValueError:
+        raise Fail("stdout is not a list of ids: %r" % lines[0][:200])
+    eos = set(c["cfg"]["eos_token_id"])
+    stop = next((i + 1 for i, t in enumerate(want) if t in eos), None)
+    ok = got == want or (stop is not None and got == want[:stop])
+    check(ok, "greedy differs from the reference\n  ref: %s\n  glm: %s"
+          % (" ".join(map(str, want)), " ".join(map(str, got))))
+
+
+# --------------------------------------------------------------------------------------
+# broken checkpoints
+
+def read_st(path):
+    raw = open(path, "rb").read()
+    (n,) = struct.unpack("<Q", raw[:8])
+    return json.loads(raw[8:8 + n]), raw[8 + n:]
+
+
+def write_st_raw(path, header, data):
+    hj = json.dumps(header, separators=(",", ":")).encode()
+    hj += b" " * ((-len(hj)) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(hj)) + hj + data)
+
+
+def clone(v, case):
+    d = os.path.join(OUT, "broken", case)
+    if os.path.isdir(d):
+        shutil.rmtree(d)
+    shutil.copytree(CK[v]["dir"], d)
+    return d
+
+
+def shard_of(d, name):
+    return json.load(open(os.path.join(d, "model.safetensors.index.json")))["weight_map"][name]
+
+
+def edit_header(d, name, fn):
+    """apply fn(entry) to tensor `name`'s header entry (in place) in the shard that holds it."""
+    sh = os.path.join(d, shard_of(d, name))
+    h, data = read_st(sh)
+    fn(h[name])
+    write_st_raw(sh, h, data)
+    return sh
+
+
+def edit_config(d, fn):
+    p = os.path.join(d, "config.json")
+    cfg = json.load(open(p))
+    fn(cfg)
+    json.dump(cfg, open(p, "w"), indent=2)
+
+
+def remove_tensor(d, name):
+    fn = shard_of(d, name)
+    sh = os.path.join(d, fn)
+    f = ref.SafetensorsFile(sh)
+    items = []
+    for n, h in f.header.items():
+        if n == name:
+            continue
+        b, e = h["data_offsets"]
+        items.append((n, h["dtype"], h["shape"], f.buf[f.data_start + b:f.data_start + e]))
+    make_tiny.write_safetensors(sh, items, f.meta)
+    ip = os.path.join(d, "model.safetensors.index.json")
+    idx = json.load(open(ip))
+    del idx["weight_map"][name]
+    json.dump(idx, open(ip, "w"), indent=2)
+
+
+def bc_truncated(d):
+    p = os.path.join(d, SHARD2)
+    with open(p, "r+b") as f:
+        f.truncate(os.path.getsize(p) - 1000)
+    return [SHARD2]
+
+
+def bc_header_len_past_eof(d):
+    p = os.path.join(d, SHARD1)
+    with open(p, "r+b") as f:
+        f.write(struct.pack("<Q", os.path.getsize(p)))
+    return [SHARD1]
+
+
+def bc_header_bad_json(d):
+    p = os.path.join(d, SHARD1)
+    raw = bytearray(open(p, "rb").read())
+    i = raw.index(b'"dtype":')
+    raw[i + 7:i + 8] = b";"  # "dtype";"BF16"
+    open(p, "wb").write(bytes(raw))
+    return [SHARD1]
+
+
+def bc_config_bad_json(d):
+    p = os.path.join(d, "config.json")
+    txt = open(p).read()
+    open(p, "w").write(txt[:len(txt) // 2])
+    return ["config.json"]
+
+
+def bc_config_missing(d):
+    os.remove(os.path.join(d, "config.json"))
+    return ["config.json"]
+
+
+def bc_missing_tensor(d):
+    n = "model.layers.3.self_attn.kv_a_layernorm.weight"
+    remove_tensor(d, n)
+    return [n]
+
+
+def bc_missing_fp8_scale(d):
+    n = "model.layers.1.self_attn.q_b_proj.weight_scale_inv"
+    remove_tensor(d, n)
+    return ["model.layers.1.self_attn.q_b_proj"]
+
+
+def bc_wrong_shape(d):
+    n = "model.layers.2.mlp.experts.3.up_proj.weight"
+    edit_header(d, n, lambda h: h.__setitem__("shape", h["shape"][::-1]))  # [64,160] -> [160,64]
+    return [n]
+
+
+def bc_wrong_shape_norm(d):
+    n = "model.layers.1.self_attn.q_a_layernorm.weight"
+    edit_header(d, n, lambda h: h.__setitem__("shape", [48, 2]))
+    return [n]
+
+
+def bc_wrong_dtype(d):
+    n = "model.layers.0.input_layernorm.weight"
+    edit_header(d, n, lambda h: h.__setitem__("dtype", "I16"))  # same byte size
+    return [n]
+
+
+def bc_unknown_dtype(d):
+    n = "model.layers.4.post_attention_layernorm.weight"
+    edit_header(d, n, lambda h: h.__setitem__("dtype", "Q4_K"))
+    return [n, "Q4_K"]
+
+
+def bc_fp8_scale_shape(d):
+    n = "model.layers.0.self_attn.kv_b_proj.weight_scale_inv"
+    edit_header(d, n, lambda h: h.__setitem__("shape", [1, 3]))  # correct is [3, 1]
+    return ["model.layers.0.self_attn.kv_b_proj"]
+
+
+def bc_mxfp4_scale_shape(d):
+    n = "model.layers.2.mlp.experts.0.down_proj.weight_scale"
+    edit_header(d, n, lambda h: h.__setitem__("shape", [80, 4]))  # correct is [160, 2]
+    return ["model.layers.2.mlp.experts.0.down_proj"]
+
+
+def bc_index_missing_shard(d):
+    ip = os.path.join(d, "model.safetensors.index.json")
+    idx = json.load(open(ip))
+    idx["weight_map"]["model.layers.5.mlp.experts.7.gate_proj.weight"] = "model-00003-of-00003.safetensors"
+    json.dump(idx, open(ip, "w"), indent=2)
+    return ["model-00003-of-00003.safetensors"]
+
+
+def bc_heads_mismatch(d):
+    def f(c):
+        c["num_attention_heads"] = 5
+        c["num_key_value_heads"] = 5
+    edit_config(d, f)
+    return ["q_b_proj", "kv_b_proj", "o_proj", "num_attention_heads"]
+
+
+def bc_qk_head_dim(d):
+    edit_config(d, lambda c: c.__setitem__("qk_head_dim", c["qk_nope_head_dim"] + c["qk_rope_head_dim"] + 16))
+    return ["qk_head_dim"]
+
+
+def bc_overlap(d):
+    a = "model.layers.0.input_layernorm.weight"
+    b = "model.layers.0.post_attention_layernorm.weight"
+    sh = os.path.join(d, shard_of(d, a))
+    check(shard_of(d, b) == shard_of(d, a), "test setup: tensors in different shards")
+    h, data = read_st(sh)
+    h[b]["data_offsets"] = list(h[a]["data_offsets"])
+    write_st_raw(sh, h, data)
+    return [os.path.basename(sh), a, b]
+
+
+def bc_offsets_past_eof(d):
+    n = "model.norm.weight"
+    sh = os.path.join(d, shard_of(d, n))
+    h, data = read_st(sh)
+    nb = h[n]["data_offsets"][1] - h[n]["data_offsets"][0]
+    h[n]["data_offsets"] = [len(data), len(data) + nb]
+    write_st_raw(sh, h, data)
+    return [os.path.basename(sh), n]
+
+
+def bc_size_overflow(d):
+    # [4, 2^62 + 40] BF16: the element count wraps to 160 mod 2^64 and the byte size to 320,
+    # which is exactly what data_offsets say; only an overflow check catches it
+    n = "model.layers.2.input_layernorm.weight"
+    sh = edit_header(d, n, lambda h: h.__setitem__("shape", [4, 2 ** 62 + 40]))
+    return [os.path.basename(sh), n]
+
+
+def bc_offsets_reversed(d):
+    n = "model.layers.3.post_attention_layernorm.weight"
+    sh = edit_header(d, n, lambda h: h.__setitem__("data_offsets", [h["data_offsets"][1], h["data_offsets"][0]]))
+    return [os.path.basename(sh), n]
+
+
+BROKEN = [
+    # name, source variant, builder, extra CLI args (None = default logits args)
+    ("truncated_shard", "bf16", bc_truncated, None),
+    ("header_len_past_eof", "bf16", bc_header_len_past_eof, None),
+    ("header_bad_json", "bf16", bc_header_bad_json, None),
+    ("config_bad_json", "bf16", bc_config_bad_json, None),
+    ("config_missing", "bf16", bc_config_missing, None),
+    ("missing_tensor", "bf16", bc_missing_tensor, None),
+    ("missing_fp8_scale", "fp8", bc_missing_fp8_scale, None),
+    ("wrong_shape_expert", "bf16", bc_wrong_shape, None),
+    ("wrong_shape_norm", "bf16", bc_wrong_shape_norm, None),
+    ("wrong_dtype", "bf16", bc_wrong_dtype, None),
+    ("unknown_dtype", "bf16", bc_unknown_dtype, None),
+    ("fp8_scale_shape", "fp8", bc_fp8_scale_shape, None),
+    ("mxfp4_scale_shape", "mxfp4", bc_mxfp4_scale_shape, None),
+    ("index_missing_shard", "bf16", bc_index_missing_shard, None),
+    ("config_heads_mismatch", "bf16", bc_heads_mismatch, None),
+    ("config_qk_head_dim", "bf16", bc_qk_head_dim, None),
+    ("overlapping_offsets", "bf16", bc_overlap, None),
+    ("offsets_past_eof", "bf16", bc_offsets_past_eof, None),
+    ("size_overflow", "bf16", bc_size_overflow, None),
+    ("offsets_reversed", "bf16", bc_offsets_reversed, None),
+    ("token_id_ge_vocab", "bf16", None, (["--ids", "1,99999"], ["99999"])),
+    ("seq_longer_than_ctx", "bf16", None, (["--ids", "1,2,3,4,5,6,7,8,9,10", "--ctx", "4"], ["ctx"])),
+    ("bad_flag", "bf16", None, (["--frobnicate"], ["--frobnicate"])),
+    ("missing_model_dir", None, None, None),
+]
+
+
+def t_broken(name, v, builder, cli):
+    need_glm()
+    out = os.path.join(OUT, "broken-%s.f32" % name)
+    if os.path.exists(out):
+        os.remove(out)
+    if name == "missing_model_dir":
+        d = os.path.join(OUT, "broken", "does-not-exist")
+        args = ["logits", "-m", d, "--ids", "1,2,3", "-o", out]
+        want = ["does-not-exist"]
+    elif builder is not None:
+        d = clone(v, name)
+        want = builder(d)
+        args = ["logits", "-m", d, "--ids", "1,2,3", "-o", out]
+    else:
+        d = CK[v]["dir"]
+        extra, want = cli
+        args = ["logits", "-m", d, "--ids", "1,2,3", "-o", out]
+        if "--ids" in extra:
+            args = args[:3] + args[5:]
+        args += extra
+    rc, so, se = run_glm(args, timeout=120)
+    check(rc == 1, "exit code %d, expected 1 (stderr: %r)" % (rc, se.strip()[-300:]))
+    check(so == "", "stdout not empty: %r" % so[:200])
+    lines = se.splitlines()
+    check(len(lines) == 1, "stderr must be exactly one line, got %d: %r" % (len(lines), se[-400:]))
+    check(lines[0].startswith("glm: error:"), "stderr does not start with 'glm: error:': %r" % lines[0])
+    check(any(w in lines[0] for w in want), "message does not name any of %r: %r" % (want, lines[0]))
+    check(not os.path.exists(out), "output file %s left behind" % out)
+
+
+# --------------------------------------------------------------------------------------
+
+def main():
+    global FILTER
+    args = sys.argv[1:]
+    if args[:1] == ["-k"] and len(args) > 1:
+        FILTER = args[1]
+    elif args:
+        print("usage: test_forward.py [-k SUBSTRING]", file=sys.stderr)
+        return 2
+    t0 = time.time()
+    try:
+        setup()
+    except Exception as e:
+        traceback.print_exc()
+        print("FAIL setup: %s" % e)
+        print("0 passed, 1 failed")
+        return 1
+    print("# checkpoints and reference ready in %.1fs (GLM=%s)" % (time.time() - t0, GLM), flush=True)
+
+    test("ref_decoders", t_ref_decoders)
+    test("ref_quant_roundtrip", t_ref_quant_roundtrip)
+    test("ref_safetensors_roundtrip", t_ref_safetensors_roundtrip)
+    for v in VARIANTS:
+        test("ref_layout_%s" % v, t_ref_checkpoint_layout, v)
+    for v in VARIANTS:
+        test("ref_absorbed_vs_expanded_%s" % v, t_ref_absorbed, v)
+    for v in VARIANTS:
+        test("ref_fp32_within_tolerance_%s" % v, t_ref_fp32, v)
+    test("ref_indexer_matters", t_ref_indexer_matters)
+    test("ref_tiebreak_exercised", t_ref_tiebreak_exercised)
+    test("ref_bias_matters", t_ref_bias_matters)
+    test("ref_group_matters", t_ref_group_matters)
+    test("ref_cli", t_ref_cli)
+
+    for v in VARIANTS:
+        test("logits_%s" % v, t_logits, v)
+        test("decode_%s" % v, t_decode, v)
+    test("ctx_limit_ok", t_ctx_ok)
+    test("indexer_matters", t_indexer_matters_glm)
+    for v in VARIANTS:
+        test("greedy_%s" % v, t_greedy, v)
+    for name, v, builder, cli in BROKEN:
+        test("broken_%s" % name, t_broken, name, v, builder, cli)
+
+    npass = sum(results)
+    nfail = len(results) - npass
+    print("# %.1fs" % (time.time() - t0))
+    print("%d passed, %d failed" % (npass, nfail))
+    return 1 if nfail else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -295,6 +295,8 @@ class Writer:
         self.bf16(name, 1.0 + 0.25 * self.rng.standard_normal(n))
 
     def linear(self, prefix, out, inn, fmt="bf16", gain=1.0):
+        """gain: scalar or per-output-row array."""
+        gain = np.asarray(gain, dtype=np.float64).reshape(-1, 1) if np.ndim(gain) else gain
         w = self.rng.standard_normal((out, inn)) * (gain / math.sqrt(inn))
         if fmt == "bf16":
             self.bf16(prefix + ".weight", w)
@@ -327,6 +329,9 @@ def formats(variant, is_mtp):
     raise ValueError(variant)
 
 
+LAT_GAIN = 0.01
+
+
 def build_tensors(cfg, itypes, a, rng):
     W = Writer(rng, a.variant)
     H, V = cfg["hidden_size"], cfg["vocab_size"]
@@ -337,7 +342,9 @@ def build_tensors(cfg, itypes, a, rng):
     E, MI, DI = cfg["n_routed_experts"], cfg["moe_intermediate_size"], cfg["intermediate_size"]
     L = cfg["num_hidden_layers"]
 
-    W.bf16("model.embed_tokens.weight", rng.standard_normal((V, H)))
+    # small embeddings (like the real model's): the layer-0 input RMSNorm then depends on
+    # rms_norm_eps, so an engine using the wrong eps fails the 1e-4 tolerance
+    W.bf16("model.embed_tokens.weight", 0.006 * rng.standard_normal((V, H)))
     W.norm("model.norm.weight", H)
     W.linear("lm_head", V, H, "bf16", gain=2.0)
 
@@ -347,16 +354,19 @@ def build_tensors(cfg, itypes, a, rng):
         p = "model.layers.%d." % i
         W.norm(p + "input_layernorm.weight", H)
         W.norm(p + "post_attention_layernorm.weight", H)
-        W.linear(p + "self_attn.q_a_proj", qr, H, fm["attn"])
+        # small q/kv latents (mean square ~1e-4) so that the q_a/kv_a RMSNorm eps (1e-6) and the
+        # indexer LayerNorm eps (1e-6) visibly matter; the k_pe rows of kv_a stay O(1)
+        W.linear(p + "self_attn.q_a_proj", qr, H, fm["attn"], gain=LAT_GAIN)
         W.norm(p + "self_attn.q_a_layernorm.weight", qr)
         W.linear(p + "self_attn.q_b_proj", NH * (nope + rope), qr, fm["attn"])
-        W.linear(p + "self_attn.kv_a_proj_with_mqa", kvr + rope, H, fm["attn"])
+        W.linear(p + "self_attn.kv_a_proj_with_mqa", kvr + rope, H, fm["attn"],
+                 gain=np.r_[np.full(kvr, LAT_GAIN), np.ones(rope)])
         W.norm(p + "self_attn.kv_a_layernorm.weight", kvr)
         W.linear(p + "self_attn.kv_b_proj", NH * (nope + vd), kvr, fm["attn"])
         W.linear(p + "self_attn.o_proj", H, NH * vd, fm["attn"])
         if mtp or itypes[i] == "full":
             W.linear(p + "self_attn.indexer.wq_b", IH * ID, qr, fm["idx"])
-            W.linear(p + "self_attn.indexer.wk", ID, H, fm["idx"])
+            W.linear(p + "self_attn.indexer.wk", ID, H, fm["idx"], gain=LAT_GAIN)
             W.norm(p + "self_attn.indexer.k_norm.weight", ID)
             kb = 0.3 * rng.standard_normal(ID)
             kb[rope:] += a.kbias  # push the no-rope key part off-centre => many ReLU zeros

@@ -337,7 +337,7 @@ def indexer_select(m, w, a, cq, pos, stats, opts):
     r = m.rope
     qi = (cq @ w["wq_b"].T).reshape(S, m.IH, m.ID)
     qi = np.concatenate([rope(qi[..., :r], pos, m.theta), qi[..., r:]], axis=-1)
-    ki = layernorm(a @ w["wk"].T, w["k_norm_w"], w["k_norm_b"], 1e-6)
+    ki = layernorm(a @ w["wk"].T, w["k_norm_w"], w["k_norm_b"], opts.get("eps_kn", 1e-6))
     ki = np.concatenate([rope(ki[:, :r], pos, m.theta), ki[:, r:]], axis=-1)
     hw = (a @ w["wproj"].T) * m.IH ** -0.5  # [S, IH]
     dots = np.einsum("thd,sd->ths", qi, ki) * m.ID ** -0.5  # [t, h, s]
@@ -451,15 +451,17 @@ def forward(m, ids, dense=False, absorbed=False, stats=None, opts=None, return_h
     causal = np.tril(np.ones((S, S), bool))
     x = m.embed[ids].copy()
     sel = None
+    eps = opts.get("eps_rms", m.eps)
+    eps_lat = opts.get("eps_lat", 1e-6)  # q_a_layernorm / kv_a_layernorm (spec pitfall 4)
     for i in range(m.L):
         w = m.layers[i]
-        a = rmsnorm(x, w["in_norm"], m.eps)
-        cq = rmsnorm(a @ w["q_a"].T, w["q_a_norm"], 1e-6)
+        a = rmsnorm(x, w["in_norm"], eps)
+        cq = rmsnorm(a @ w["q_a"].T, w["q_a_norm"], eps_lat)
         q = (cq @ w["q_b"].T).reshape(S, m.NH, m.nope + m.rope)
         q_nope = q[..., :m.nope]
         q_pe = rope(q[..., m.nope:], pos, m.theta)
         ckv = a @ w["kv_a"].T
-        c = rmsnorm(ckv[:, :m.kvr], w["kv_a_norm"], 1e-6)
+        c = rmsnorm(ckv[:, :m.kvr], w["kv_a_norm"], eps_lat)
         kpe = rope(ckv[:, m.kvr:], pos, m.theta)
         if m.full[i] and not dense:
             sel = indexer_select(m, w, a, cq, pos, stats, opts)
@@ -470,12 +472,12 @@ def forward(m, ids, dense=False, absorbed=False, stats=None, opts=None, return_h
             mask = causal & sel
         attn = (mla_absorbed if absorbed else mla_expanded)(m, w, q_nope, q_pe, c, kpe, mask)
         x = x + attn @ w["o"].T
-        b = rmsnorm(x, w["post_norm"], m.eps)
+        b = rmsnorm(x, w["post_norm"], eps)
         if m.dense[i]:
             x = x + swiglu(b, w["gate"], w["up"], w["down"])
         else:
             x = x + moe(m, w, b, stats, opts)
-    h = rmsnorm(x, m.final_norm, m.eps)
+    h = rmsnorm(x, m.final_norm, eps)
     logits = h @ m.lm_head.T
     if return_hidden:
         return logits, h

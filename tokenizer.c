@@ -1,0 +1,1018 @@
+/* tokenizer.c - see tokenizer.h. The GLM-5.2 tokenizer, byte for byte like Hugging Face's
+ * Rust engine: added tokens, the split regex by hand, byte-level BPE with merge ranks,
+ * (streaming) decode, the chat format and the `glm tokenize` subcommand.
+ * The step numbers in comments refer to ../shared/docs/TOKENIZER.md. */
+#define _POSIX_C_SOURCE 200809L
+#include "tokenizer.h"
+
+#include "json.h"
+#include "tokenizer_unicode.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* The one split pattern we implement (GLM-4.7 / GLM-5.x, Llama-3, cl100k). */
+static const char GLM_REGEX[] =
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*"
+    "|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+
+enum { C_OTHER = 0, C_LETTER = 1, C_NUMBER = 2, C_SPACE = 3 };
+#define MAX_ID (1 << 24)   /* refuse absurd ids in hostile files */
+
+typedef struct { int id; uint32_t off, len; unsigned char first; } Added;
+typedef struct { uint64_t key; uint32_t rank; int32_t merged; } MergeSlot;
+
+struct Tokenizer {
+    int n_ids;                 /* 1 + largest id */
+    uint32_t *tok_off;         /* per id: bytes in pool; tok_len 0 = no such id */
+    uint32_t *tok_len;
+    unsigned char *pool;
+    unsigned char *flags;      /* per id: 1 = added token, 2 = special */
+    int max_token_bytes;
+    int ignore_merges;
+    int byte_id[256];          /* id of each single byte (-1 if missing) */
+    uint64_t *vmap;            /* regular vocab: raw bytes -> id; (hash tag << 32) | (id + 1), 0 = empty */
+    uint64_t vmask;
+    MergeSlot *merges;         /* merges: (left << 32 | right) -> rank, merged id; key ~0 = empty */
+    uint64_t mmask;
+    Added *added;              /* added tokens sorted by (first byte, length descending) */
+    int n_added;
+    int added_first[257];      /* added[added_first[b] .. added_first[b+1]) start with byte b */
+    unsigned char *cls;        /* class of every code point, 0x110000 entries */
+};
+
+static void seterr(char *err, size_t errlen, const char *fmt, ...) {
+    if (!err || !errlen) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+}
+
+/* ---------------------------------------------------------------- hashing */
+
+static uint64_t hash_bytes(const unsigned char *p, size_t n) {
+    uint64_t h = 0x9E3779B97F4A7C15ull ^ (n * 0xff51afd7ed558ccdull);
+    while (n >= 8) {
+        uint64_t v;
+        memcpy(&v, p, 8);
+        h = (h ^ v) * 0xff51afd7ed558ccdull;
+        h ^= h >> 32;
+        p += 8;
+        n -= 8;
+    }
+    uint64_t v = 0;
+    for (size_t i = 0; i < n; i++) v |= (uint64_t)p[i] << (8 * i);
+    h = (h ^ v) * 0xc4ceb9fe1a85ec53ull;
+    h ^= h >> 29;
+    h *= 0x9E3779B97F4A7C15ull;
+    return h ^ (h >> 32);
+}
+
+static uint64_t hash_pair(uint64_t key) {
+    key *= 0x9E3779B97F4A7C15ull;
+    return key ^ (key >> 29);
+}
+
+static uint64_t table_size(size_t n) {   /* power of two, load factor <= 0.5 */
+    uint64_t c = 16;
+    while (c < 2 * (uint64_t)n) c <<= 1;
+    return c;
+}
+
+/* id of raw bytes in the regular vocabulary, or -1 */
+static int vocab_find(const Tokenizer *t, const unsigned char *p, size_t n) {
+    uint64_t h = hash_bytes(p, n), tag = h >> 32;
+    for (uint64_t i = h & t->vmask;; i = (i + 1) & t->vmask) {
+        uint64_t e = t->vmap[i];
+        if (!e) return -1;
+        if ((e >> 32) == tag) {
+            int id = (int)(uint32_t)e - 1;
+            if (t->tok_len[id] == n && memcmp(t->pool + t->tok_off[id], p, n) == 0) return id;
+        }
+    }
+}
+
+/* inserts id (its bytes already in the pool); returns the id already there, or -1 */
+static int vocab_insert(Tokenizer *t, int id) {
+    const unsigned char *p = t->pool + t->tok_off[id];
+    size_t n = t->tok_len[id];
+    uint64_t h = hash_bytes(p, n), tag = h >> 32;
+    for (uint64_t i = h & t->vmask;; i = (i + 1) & t->vmask) {
+        uint64_t e = t->vmap[i];
+        if (!e) {
+            t->vmap[i] = (tag << 32) | (uint64_t)(id + 1);
+            return -1;
+        }
+        if ((e >> 32) == tag) {
+            int old = (int)(uint32_t)e - 1;
+            if (t->tok_len[old] == n && memcmp(t->pool + t->tok_off[old], p, n) == 0) return old;
+        }
+    }
+}
+
+/* merge of (a, b): returns rank and sets *merged, or returns UINT32_MAX */
+static inline uint32_t merge_find(const Tokenizer *t, int a, int b, int *merged) {
+    uint64_t key = (uint64_t)(uint32_t)a << 32 | (uint32_t)b;
+    for (uint64_t i = hash_pair(key) & t->mmask;; i = (i + 1) & t->mmask) {
+        const MergeSlot *m = &t->merges[i];
+        if (m->key == key) {
+            *merged = m->merged;
+            return m->rank;
+        }
+        if (m->key == UINT64_MAX) return UINT32_MAX;
+    }
+}
+
+static void merge_insert(Tokenizer *t, int a, int b, uint32_t rank, int merged) {
+    uint64_t key = (uint64_t)(uint32_t)a << 32 | (uint32_t)b;
+    for (uint64_t i = hash_pair(key) & t->mmask;; i = (i + 1) & t->mmask) {
+        MergeSlot *m = &t->merges[i];
+        if (m->key == key || m->key == UINT64_MAX) {   /* a later duplicate wins, as in HF */
+            *m = (MergeSlot){key, rank, merged};
+            return;
+        }
+    }
+}
+
+/* ---------------------------------------------------------------- UTF-8 */
+
+/* Length of the valid UTF-8 sequence at s[0..n) and its code point, or 0 if the bytes there
+ * do not form one (the rules of Rust's str / the Unicode standard). */
+static inline size_t utf8_decode(const unsigned char *s, size_t n, unsigned *cp) {
+    unsigned c = s[0];
+    if (c < 0x80) { *cp = c; return 1; }
+    if (c < 0xC2 || c > 0xF4) return 0;
+    size_t len = c < 0xE0 ? 2 : c < 0xF0 ? 3 : 4;
+    if (n < len) return 0;
+    unsigned lo = 0x80, hi = 0xBF;
+    if (c == 0xE0) lo = 0xA0;
+    else if (c == 0xED) hi = 0x9F;
+    else if (c == 0xF0) lo = 0x90;
+    else if (c == 0xF4) hi = 0x8F;
+    if (s[1] < lo || s[1] > hi) return 0;
+    unsigned v = c & (0xFF >> (len + 1));
+    for (size_t i = 1; i < len; i++) {
+        if (i > 1 && (s[i] & 0xC0) != 0x80) return 0;
+        v = v << 6 | (s[i] & 0x3F);
+    }
+    *cp = v;
+    return len;
+}
+
+static const unsigned char ASCII_CLASS[128] = {
+    0, 0, 0, 0, 0, 0, 0, 0, 0, 3, 3, 3, 3, 3, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+    3, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 0, 0, 0, 0, 0, 0,
+    0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0,
+    0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0,
+};
+
+/* The character at s[i] (i < n): returns its length in bytes and sets *cls. An invalid byte
+ * is one character of class "other" (see tokenizer.h). */
+static inline size_t char_at(const Tokenizer *t, const unsigned char *s, size_t i, size_t n, int *cls) {
+    if (s[i] < 0x80) { *cls = ASCII_CLASS[s[i]]; return 1; }
+    unsigned cp;
+    size_t len = utf8_decode(s + i, n - i, &cp);
+    if (!len) { *cls = C_OTHER; return 1; }
+    *cls = t->cls[cp];
+    return len;
+}
+
+/* Case fold for the contraction alternative: ASCII letters lower-cased, U+017F (long s)
+ * folds to 's' as in Oniguruma; anything else 0. */
+static inline int fold_at(const unsigned char *s, size_t i, size_t n, size_t *len) {
+    unsigned c = s[i];
+    *len = 1;
+    if (c >= 'A' && c <= 'Z') return (int)(c + 32);
+    if (c >= 'a' && c <= 'z') return (int)c;
+    if (c == 0xC5 && i + 1 < n && s[i + 1] == 0xBF) { *len = 2; return 's'; }
+    return 0;
+}
+
+/* ---------------------------------------------------------------- the split regex (§4.2) */
+
+static size_t run_end(const Tokenizer *t, const unsigned char *s, size_t j, size_t n, int want) {
+    while (j < n) {
+        int c;
+        size_t l = char_at(t, s, j, n, &c);
+        if (c != want) break;
+        j += l;
+    }
+    return j;
+}
+
+/* End of the piece that starts at s[i] (i < n); s[0..n) is one gap between added tokens. */
+static size_t split_next(const Tokenizer *t, const unsigned char *s, size_t i, size_t n) {
+    int c0, c1;
+    size_t i1 = i + char_at(t, s, i, n, &c0);
+    unsigned b0 = s[i];
+
+    /* 1. (?i:'s|'t|'re|'ve|'m|'ll|'d) */
+    if (b0 == '\'' && i1 < n) {
+        size_t l1, l2;
+        int f1 = fold_at(s, i1, n, &l1);
+        if (f1 == 's' || f1 == 't' || f1 == 'm' || f1 == 'd') return i1 + l1;
+        if ((f1 == 'r' || f1 == 'v' || f1 == 'l') && i1 + l1 < n) {
+            int f2 = fold_at(s, i1 + l1, n, &l2);
+            if (f2 == (f1 == 'l' ? 'l' : 'e')) return i1 + l1 + l2;
+        }
+    }
+    /* 2. [^\r\n\p{L}\p{N}]?\p{L}+ */
+    if (c0 == C_LETTER) return run_end(t, s, i1, n, C_LETTER);
+    if (c0 != C_NUMBER && b0 != '\r' && b0 != '\n' && i1 < n) {
+        size_t l1 = char_at(t, s, i1, n, &c1);
+        if (c1 == C_LETTER) return run_end(t, s, i1 + l1, n, C_LETTER);
+    }
+    /* 3. \p{N}{1,3} */
+    if (c0 == C_NUMBER) {
+        size_t j = i1;
+        for (int k = 0; k < 2 && j < n; k++) {
+            size_t l = char_at(t, s, j, n, &c1);
+            if (c1 != C_NUMBER) break;
+            j += l;
+        }
+        return j;
+    }
+    /* 4. ` ?[^\s\p{L}\p{N}]+[\r\n]*` */
+    size_t j = b0 == ' ' ? i1 : i;
+    if (j < n) {
+        size_t l = char_at(t, s, j, n, &c1);
+        if (c1 == C_OTHER) {
+            j = run_end(t, s, j + l, n, C_OTHER);
+            while (j < n && (s[j] == '\r' || s[j] == '\n')) j++;
+            return j;
+        }
+    }
+    /* c0 is white space from here on. 5. \s*[\r\n]+ ends after the last CR/LF of the run */
+    size_t last_nl = SIZE_MAX, last = i;
+    for (j = i; j < n;) {
+        size_t l = char_at(t, s, j, n, &c1);
+        if (c1 != C_SPACE) break;
+        if (s[j] == '\r' || s[j] == '\n') last_nl = j;
+        last = j;
+        j += l;
+    }
+    if (last_nl != SIZE_MAX) return last_nl + 1;
+    /* 6. \s+(?!\S): the whole run at the end, else all but its last character */
+    if (j == n) return n;
+    if (last > i) return last;
+    /* 7. \s+ (one character before a non-space that 2 and 4 did not take) */
+    return i1;
+}
+
+/* ---------------------------------------------------------------- BPE (§4.4) */
+
+typedef struct {
+    int *v;
+    size_t n, cap;
+} IdVec;
+
+static int idvec_push(IdVec *o, int id) {
+    if (o->n == o->cap) {
+        size_t cap = o->cap ? o->cap * 2 : 256;
+        int *v = realloc(o->v, cap * sizeof *v);
+        if (!v) return -1;
+        o->v = v;
+        o->cap = cap;
+    }
+    o->v[o->n++] = id;
+    return 0;
+}
+
+typedef struct {          /* per-call scratch for merging one piece */
+    int *id, *prev, *next;
+    uint64_t *heap;       /* (rank << 32) | left position */
+    size_t cap;
+} Scratch;
+
+static int scratch_reserve(Scratch *s, size_t k) {
+    if (k <= s->cap) return 0;
+    size_t cap = k < 256 ? 256 : k;
+    free(s->id); free(s->prev); free(s->next); free(s->heap);
+    s->id = malloc(cap * sizeof(int));
+    s->prev = malloc(cap * sizeof(int));
+    s->next = malloc(cap * sizeof(int));
+    s->heap = malloc(3 * cap * sizeof(uint64_t));   /* k initial pairs + 2 per merge */
+    s->cap = (s->id && s->prev && s->next && s->heap) ? cap : 0;
+    return s->cap ? 0 : -1;
+}
+
+static void heap_push(uint64_t *h, size_t *n, uint64_t v) {
+    size_t i = (*n)++;
+    while (i) {
+        size_t p = (i - 1) / 2;
+        if (h[p] <= v) break;
+        h[i] = h[p];
+        i = p;
+    }
+    h[i] = v;
+}
+
+static uint64_t heap_pop(uint64_t *h, size_t *n) {
+    uint64_t top = h[0], v = h[--*n];
+    size_t i = 0, m = *n;
+    for (;;) {
+        size_t c = 2 * i + 1;
+        if (c >= m) break;
+        if (c + 1 < m && h[c + 1] < h[c]) c++;
+        if (v <= h[c]) break;
+        h[i] = h[c];
+        i = c;
+    }
+    h[i] = v;
+    return top;
+}
+
+/* Appends the ids of one piece (raw bytes p[0..k), k >= 1). Equal ranks (the same pair at
+ * several places) merge leftmost first; a heap entry is stale when its left symbol was merged
+ * away or its right neighbour changed, which shows as a different rank for the pair now. */
+static int encode_piece(const Tokenizer *t, const unsigned char *p, size_t k, IdVec *out, Scratch *sc) {
+    if (k == 1 && t->byte_id[p[0]] >= 0) return idvec_push(out, t->byte_id[p[0]]);
+    if (t->ignore_merges) {
+        int id = vocab_find(t, p, k);
+        if (id >= 0) return idvec_push(out, id);
+    }
+    if (scratch_reserve(sc, k)) return -1;
+    int *id = sc->id, *prev = sc->prev, *next = sc->next, m = 0, merged;
+    for (size_t i = 0; i < k; i++)   /* bytes without a token are dropped (HF: no unk token) */
+        if (t->byte_id[p[i]] >= 0) id[m++] = t->byte_id[p[i]];
+    size_t nh = 0;
+    for (int i = 0; i < m; i++) {
+        prev[i] = i - 1;
+        next[i] = i + 1 < m ? i + 1 : -1;
+        uint32_t r = i + 1 < m ? merge_find(t, id[i], id[i + 1], &merged) : UINT32_MAX;
+        if (r != UINT32_MAX) heap_push(sc->heap, &nh, (uint64_t)r << 32 | (uint32_t)i);
+    }
+    while (nh) {
+        uint64_t top = heap_pop(sc->heap, &nh);
+        int pos = (int)(uint32_t)top, nx = next[pos];
+        if (id[pos] < 0 || nx < 0) continue;
+        if (merge_find(t, id[pos], id[nx], &merged) != (uint32_t)(top >> 32)) continue;
+        id[pos] = merged;
+        id[nx] = -1;
+        next[pos] = next[nx];
+        if (next[pos] >= 0) prev[next[pos]] = pos;
+        uint32_t r;
+        if (prev[pos] >= 0 && (r = merge_find(t, id[prev[pos]], id[pos], &merged)) != UINT32_MAX)
+            heap_push(sc->heap, &nh, (uint64_t)r << 32 | (uint32_t)prev[pos]);
+        if (next[pos] >= 0 && (r = merge_find(t, id[pos], id[next[pos]], &merged)) != UINT32_MAX)
+            heap_push(sc->heap, &nh, (uint64_t)r << 32 | (uint32_t)pos);
+    }
+    for (int i = m ? 0 : -1; i >= 0; i = next[i])
+        if (idvec_push(out, id[i])) return -1;
+    return 0;
+}
+
+/* ---------------------------------------------------------------- encode (§4.1) */
+
+static int encode_gap(const Tokenizer *t, const unsigned char *s, size_t n, IdVec *out, Scratch *sc) {
+    for (size_t i = 0; i < n;) {
+        size_t j = split_next(t, s, i, n);
+        if (encode_piece(t, s + i, j - i, out, sc)) return -1;
+        i = j;
+    }
+    return 0;
+}
+
+/* Longest added token at s[0..n) (none of GLM's is a prefix of another, but Llama's may be). */
+static const Added *added_at(const Tokenizer *t, const unsigned char *s, size_t n) {
+    for (int k = t->added_first[s[0]]; k < t->added_first[s[0] + 1]; k++) {
+        const Added *a = &t->added[k];
+        if (a->len <= n && memcmp(t->pool + a->off, s, a->len) == 0) return a;   /* longest first */
+    }
+    return NULL;
+}
+
+int tokenizer_encode(const Tokenizer *t, const char *text, size_t len, int **ids, char *err, size_t errlen) {
+    const unsigned char *s = (const unsigned char *)text;
+    IdVec out = {0};
+    Scratch sc = {0};
+    size_t gap = 0;
+    int rc = 0;
+    *ids = NULL;
+    for (size_t i = 0; i < len && rc == 0;) {
+        const Added *a = t->added_first[s[i]] < t->added_first[s[i] + 1] ? added_at(t, s + i, len - i) : NULL;
+        if (!a) { i++; continue; }
+        rc = encode_gap(t, s + gap, i - gap, &out, &sc);
+        if (rc == 0) rc = idvec_push(&out, a->id);
+        i += a->len;
+        gap = i;
+    }
+    if (rc == 0) rc = encode_gap(t, s + gap, len - gap, &out, &sc);
+    free(sc.id); free(sc.prev); free(sc.next); free(sc.heap);
+    if (rc || out.n > INT32_MAX) {
+        free(out.v);
+        seterr(err, errlen, "out of memory while encoding %zu bytes", len);
+        return -1;
+    }
+    *ids = out.v;
+    return (int)out.n;
+}
+
+static int push_end(size_t **e, size_t *n, size_t *cap, size_t v) {
+    if (*n == *cap) {
+        size_t *ne = realloc(*e, (*cap = *cap ? 2 * *cap : 64) * sizeof *ne);
+        if (!ne) return -1;
+        *e = ne;
+    }
+    (*e)[(*n)++] = v;
+    return 0;
+}
+
+int tokenizer_split(const Tokenizer *t, const char *text, size_t len, size_t **ends) {
+    const unsigned char *s = (const unsigned char *)text;
+    size_t n = 0, cap = 0, gap = 0, *e = NULL;
+    for (size_t i = 0;;) {
+        const Added *a = NULL;
+        if (i < len) {
+            a = t->added_first[s[i]] < t->added_first[s[i] + 1] ? added_at(t, s + i, len - i) : NULL;
+            if (!a) { i++; continue; }
+        }
+        for (size_t j = gap; j < i; j = e[n - 1])   /* the pieces of the gap before i */
+            if (push_end(&e, &n, &cap, gap + split_next(t, s + gap, j - gap, i - gap))) goto oom;
+        if (!a) break;
+        i += a->len;
+        if (push_end(&e, &n, &cap, i)) goto oom;
+        gap = i;
+    }
+    *ends = e;
+    return (int)n;
+oom:
+    free(e);
+    *ends = NULL;
+    return -1;
+}
+
+/* ---------------------------------------------------------------- lookups */
+
+int tokenizer_token_bytes(const Tokenizer *t, int id, const char **bytes) {
+    if (id < 0 || id >= t->n_ids || !t->tok_len[id]) { *bytes = ""; return 0; }
+    *bytes = (const char *)t->pool + t->tok_off[id];
+    return (int)t->tok_len[id];
+}
+
+int tokenizer_vocab_size(const Tokenizer *t) { return t->n_ids; }
+int tokenizer_max_token_bytes(const Tokenizer *t) { return t->max_token_bytes; }
+int tokenizer_is_special(const Tokenizer *t, int id) { return id >= 0 && id < t->n_ids && (t->flags[id] & 2); }
+
+int tokenizer_token_id(const Tokenizer *t, const char *token_text) {
+    size_t n = strlen(token_text);
+    for (int k = 0; k < t->n_added; k++)
+        if (t->added[k].len == n && memcmp(t->pool + t->added[k].off, token_text, n) == 0) return t->added[k].id;
+    return n ? vocab_find(t, (const unsigned char *)token_text, n) : -1;
+}
+
+/* ---------------------------------------------------------------- decode (§4.5) */
+
+/* Lossy UTF-8 as a byte-at-a-time state machine over TokenizerStream.pending: complete
+ * characters go out, a maximal invalid subpart becomes one U+FFFD. */
+typedef struct { char *out; size_t n, cap; } Sink;
+
+static void sink_put(Sink *k, const void *p, size_t n) {
+    if (k->cap - k->n < n) { k->cap = k->n; return; }   /* cut at a character boundary */
+    memcpy(k->out + k->n, p, n);
+    k->n += n;
+}
+
+static const char FFFD[3] = {(char)0xEF, (char)0xBF, (char)0xBD};
+
+static void stream_byte(TokenizerStream *s, Sink *k, unsigned char b) {
+    for (;;) {
+        if (s->npending == 0) {
+            if (b < 0x80) sink_put(k, &b, 1);
+            else if (b >= 0xC2 && b <= 0xF4) { s->pending[0] = b; s->npending = 1; }
+            else sink_put(k, FFFD, 3);
+            return;
+        }
+        unsigned c = s->pending[0], lo = 0x80, hi = 0xBF;
+        int need = c < 0xE0 ? 2 : c < 0xF0 ? 3 : 4;
+        if (s->npending == 1) {
+            if (c == 0xE0) lo = 0xA0;
+            else if (c == 0xED) hi = 0x9F;
+            else if (c == 0xF0) lo = 0x90;
+            else if (c == 0xF4) hi = 0x8F;
+        }
+        if (b >= lo && b <= hi) {
+            s->pending[s->npending++] = b;
+            if (s->npending == need) { sink_put(k, s->pending, (size_t)need); s->npending = 0; }
+            return;
+        }
+        sink_put(k, FFFD, 3);   /* the pending prefix is a maximal invalid subpart; b starts afresh */
+        s->npending = 0;
+    }
+}
+
+void tokenizer_stream_init(TokenizerStream *s) { memset(s, 0, sizeof *s); }
+
+size_t tokenizer_stream_out_max(const Tokenizer *t) { return 3 * ((size_t)t->max_token_bytes + 3); }
+
+size_t tokenizer_stream_push(TokenizerStream *s, const Tokenizer *t, int id, char *out, size_t cap) {
+    const char *b;
+    int n = tokenizer_token_bytes(t, id, &b);
+    Sink k = {out, 0, cap};
+    for (int i = 0; i < n; i++) stream_byte(s, &k, (unsigned char)b[i]);
+    return k.n;
+}
+
+size_t tokenizer_stream_flush(TokenizerStream *s, char *out, size_t cap) {
+    Sink k = {out, 0, cap};
+    if (s->npending) sink_put(&k, FFFD, 3);
+    s->npending = 0;
+    return k.n;
+}
+
+char *tokenizer_decode(const Tokenizer *t, const int *ids, int n, int skip_special, size_t *len) {
+    size_t total = 3;
+    for (int i = 0; i < n; i++) {
+        const char *b;
+        total += (size_t)tokenizer_token_bytes(t, ids[i], &b);
+    }
+    Sink k = {malloc(3 * total + 1), 0, 3 * total};
+    if (!k.out) return NULL;
+    TokenizerStream s;
+    tokenizer_stream_init(&s);
+    for (int i = 0; i < n; i++) {
+        if (skip_special && tokenizer_is_special(t, ids[i])) continue;
+        const char *b;
+        int m = tokenizer_token_bytes(t, ids[i], &b);
+        for (int j = 0; j < m; j++) stream_byte(&s, &k, (unsigned char)b[j]);
+    }
+    if (s.npending) sink_put(&k, FFFD, 3);
+    k.out[k.n] = 0;
+    if (len) *len = k.n;
+    return k.out;
+}
+
+/* ---------------------------------------------------------------- loading (§4.7) */
+
+/* byte-level alphabet (§4.3): code point -> byte, -1 outside the alphabet */
+static void byte_level_inverse(int inv[0x144]) {
+    int n = 0;
+    for (int c = 0; c < 0x144; c++) inv[c] = -1;
+    for (int b = 0; b < 256; b++) {
+        int printable = (b >= 0x21 && b <= 0x7E) || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE);
+        inv[printable ? b : 256 + n++] = b;
+    }
+}
+
+/* byte-level string -> raw bytes in out (room for n bytes); returns length or -1 */
+static long unbyte(const int inv[0x144], const char *s, size_t n, unsigned char *out) {
+    size_t o = 0;
+    for (size_t i = 0; i < n;) {
+        unsigned cp;
+        size_t l = utf8_decode((const unsigned char *)s + i, n - i, &cp);
+        if (!l || cp >= 0x144 || inv[cp] < 0) return -1;
+        out[o++] = (unsigned char)inv[cp];
+        i += l;
+    }
+    return (long)o;
+}
+
+static int is_str(const JsonValue *v, const char *s) { return v && v->type == JSON_STRING && strcmp(v->str, s) == 0; }
+static int is_null(const JsonValue *v) { return !v || v->type == JSON_NULL; }
+static int is_false(const JsonValue *v) { return !v || v->type == JSON_NULL || (v->type == JSON_BOOL && v->num == 0); }
+static int is_empty_str(const JsonValue *v) { return is_null(v) || (v->type == JSON_STRING && v->str_len == 0); }
+
+/* Checks that the file describes the pipeline we implement; returns a reason or NULL. */
+static const char *check_pipeline(const JsonValue *root) {
+    const JsonValue *norm = json_get(root, "normalizer"), *pre = json_get(root, "pre_tokenizer");
+    const JsonValue *model = json_get(root, "model"), *dec = json_get(root, "decoder");
+    if (!is_null(norm)) return "unsupported normalizer (only null)";
+    const JsonValue *seq = json_get(pre, "pretokenizers");
+    const JsonValue *split = json_at(seq, 0), *bl = json_at(seq, 1);
+    if (!is_str(json_get(pre, "type"), "Sequence") || !seq || seq->type != JSON_ARRAY || seq->n != 2 ||
+        !is_str(json_get(split, "type"), "Split") || !is_str(json_get(json_get(split, "pattern"), "Regex"), GLM_REGEX) ||
+        !is_str(json_get(split, "behavior"), "Isolated") || !is_false(json_get(split, "invert")) ||
+        !is_str(json_get(bl, "type"), "ByteLevel") || !is_false(json_get(bl, "add_prefix_space")) ||
+        !is_false(json_get(bl, "use_regex")))
+        return "unsupported pre_tokenizer (only Split with the GLM/cl100k regex + ByteLevel without regex or prefix space)";
+    if (!model || !is_str(json_get(model, "type"), "BPE")) return "unsupported model (only BPE)";
+    if (!is_null(json_get(model, "dropout")) || !is_null(json_get(model, "unk_token")) ||
+        !is_empty_str(json_get(model, "continuing_subword_prefix")) ||
+        !is_empty_str(json_get(model, "end_of_word_suffix")) || !is_false(json_get(model, "byte_fallback")))
+        return "unsupported BPE options (dropout, unk_token, subword prefix/suffix or byte_fallback)";
+    if (!is_str(json_get(dec, "type"), "ByteLevel")) return "unsupported decoder (only ByteLevel)";
+    return NULL;
+}
+
+static int cmp_added(const void *pa, const void *pb) {
+    const Added *a = pa, *b = pb;
+    if (a->first != b->first) return a->first < b->first ? -1 : 1;
+    if (a->len != b->len) return a->len > b->len ? -1 : 1;   /* longest first */
+    return a->id < b->id ? -1 : a->id > b->id;
+}
+
+static int build(Tokenizer *t, const JsonValue *root, char *msg, size_t msglen) {
+    const char *why = check_pipeline(root);
+    if (why) { seterr(msg, msglen, "%s", why); return -1; }
+    const JsonValue *model = json_get(root, "model");
+    const JsonValue *vocab = json_get(model, "vocab"), *merges = json_get(model, "merges");
+    const JsonValue *added = json_get(root, "added_tokens");
+    if (!vocab || vocab->type != JSON_OBJECT || !vocab->n) { seterr(msg, msglen, "model.vocab missing or empty"); return -1; }
+    if (!merges || merges->type != JSON_ARRAY) { seterr(msg, msglen, "model.merges missing"); return -1; }
+    if (added && added->type != JSON_ARRAY) { seterr(msg, msglen, "added_tokens is not an array"); return -1; }
+    const JsonValue *ig = json_get(model, "ignore_merges");
+    t->ignore_merges = ig && ig->type == JSON_BOOL && ig->num != 0;
+
+    /* ids and pool size */
+    int max_id = -1;
+    size_t pool = 0;
+    for (const JsonValue *v = vocab->child; v; v = v->next) {
+        if (v->type != JSON_NUMBER || !v->is_uint || v->u64 >= MAX_ID) { seterr(msg, msglen, "vocab entry with a bad id"); return -1; }
+        if ((int)v->u64 > max_id) max_id = (int)v->u64;
+        pool += v->key_len;
+    }
+    int n_added = 0;
+    for (const JsonValue *a = added ? added->child : NULL; a; a = a->next, n_added++) {
+        const JsonValue *id = json_get(a, "id"), *c = json_get(a, "content");
+        if (!id || id->type != JSON_NUMBER || !id->is_uint || id->u64 >= MAX_ID || !c || c->type != JSON_STRING || !c->str_len) {
+            seterr(msg, msglen, "added token %d: bad id or content", n_added);
+            return -1;
+        }
+        if (!is_false(json_get(a, "lstrip")) || !is_false(json_get(a, "rstrip")) || !is_false(json_get(a, "single_word"))) {
+            seterr(msg, msglen, "added token %d: lstrip/rstrip/single_word are not supported", n_added);
+            return -1;
+        }
+        if ((int)id->u64 > max_id) max_id = (int)id->u64;
+        pool += c->str_len;
+    }
+    if (pool >= UINT32_MAX) { seterr(msg, msglen, "vocabulary too large"); return -1; }
+    t->n_ids = max_id + 1;
+    t->tok_off = calloc((size_t)t->n_ids, sizeof *t->tok_off);
+    t->tok_len = calloc((size_t)t->n_ids, sizeof *t->tok_len);
+    t->flags = calloc((size_t)t->n_ids, 1);
+    t->pool = malloc(pool + 1);
+    t->vmask = table_size(vocab->n) - 1;
+    t->vmap = calloc(t->vmask + 1, sizeof *t->vmap);
+    t->added = calloc((size_t)n_added + 1, sizeof *t->added);
+    t->cls = calloc(0x110000, 1);
+    if (!t->tok_off || !t->tok_len || !t->flags || !t->pool || !t->vmap || !t->added || !t->cls) {
+        seterr(msg, msglen, "out of memory");
+        return -1;
+    }
+    for (size_t r = 0; r < sizeof tok_unicode_ranges / sizeof *tok_unicode_ranges; r++)
+        memset(t->cls + tok_unicode_ranges[r].lo, tok_unicode_ranges[r].cls, tok_unicode_ranges[r].hi - tok_unicode_ranges[r].lo + 1);
+
+    /* vocabulary: byte-level keys -> raw bytes in the pool */
+    int inv[0x144];
+    byte_level_inverse(inv);
+    uint32_t used = 0;
+    for (const JsonValue *v = vocab->child; v; v = v->next) {
+        int id = (int)v->u64;
+        long n = unbyte(inv, v->key, v->key_len, t->pool + used);
+        if (n <= 0) { seterr(msg, msglen, "vocab entry %d is empty or not in the byte-level alphabet", id); return -1; }
+        if (t->tok_len[id]) { seterr(msg, msglen, "vocab id %d used twice", id); return -1; }
+        t->tok_off[id] = used;
+        t->tok_len[id] = (uint32_t)n;
+        used += (uint32_t)n;
+        if (n > t->max_token_bytes) t->max_token_bytes = (int)n;
+        if (vocab_insert(t, id) >= 0) { seterr(msg, msglen, "vocab entry %d is a duplicate", id); return -1; }
+    }
+    for (int b = 0; b < 256; b++) {
+        unsigned char c = (unsigned char)b;
+        t->byte_id[b] = vocab_find(t, &c, 1);
+    }
+
+    /* merges: either "a b" or ["a", "b"]; rank = position in the list */
+    t->mmask = table_size(merges->n) - 1;
+    t->merges = malloc((t->mmask + 1) * sizeof *t->merges);
+    unsigned char *buf = malloc(4 * (size_t)t->max_token_bytes + 8);   /* a byte-level side is <= 2x its raw bytes */
+    if (!t->merges || !buf) { free(buf); seterr(msg, msglen, "out of memory"); return -1; }
+    for (uint64_t i = 0; i <= t->mmask; i++) t->merges[i].key = UINT64_MAX;
+    uint32_t rank = 0;
+    for (const JsonValue *m = merges->child; m; m = m->next, rank++) {
+        const char *a = NULL, *b = NULL;
+        size_t na = 0, nb = 0;
+        if (m->type == JSON_STRING) {
+            const char *sp = memchr(m->str, ' ', m->str_len);
+            if (sp) { a = m->str; na = (size_t)(sp - m->str); b = sp + 1; nb = m->str_len - na - 1; }
+        } else if (m->type == JSON_ARRAY && m->n == 2 && m->child->type == JSON_STRING && m->child->next->type == JSON_STRING) {
+            a = m->child->str; na = m->child->str_len;
+            b = m->child->next->str; nb = m->child->next->str_len;
+        }
+        long la = -1, lb = -1;
+        if (a && na <= (size_t)t->max_token_bytes * 2 && nb <= (size_t)t->max_token_bytes * 2) {
+            la = unbyte(inv, a, na, buf);
+            if (la > 0 && la <= t->max_token_bytes) {
+                lb = unbyte(inv, b, nb, buf + la);
+                if (lb > t->max_token_bytes) lb = -1;
+            }
+        }
+        int ia = la > 0 ? vocab_find(t, buf, (size_t)la) : -1;
+        int ib = lb > 0 ? vocab_find(t, buf + la, (size_t)lb) : -1;
+        int im = ia >= 0 && ib >= 0 ? vocab_find(t, buf, (size_t)(la + lb)) : -1;
+        if (im < 0) { free(buf); seterr(msg, msglen, "merge %u is malformed or not in the vocabulary", rank); return -1; }
+        merge_insert(t, ia, ib, rank, im);
+    }
+    free(buf);
+
+    /* added tokens (content verbatim, not byte-level) */
+    int k = 0;
+    for (const JsonValue *a = added ? added->child : NULL; a; a = a->next, k++) {
+        const JsonValue *c = json_get(a, "content");
+        int id = (int)json_get(a, "id")->u64;
+        memcpy(t->pool + used, c->str, c->str_len);
+        t->added[k] = (Added){id, used, (uint32_t)c->str_len, (unsigned char)c->str[0]};
+        t->tok_off[id] = used;
+        t->tok_len[id] = (uint32_t)c->str_len;
+        t->flags[id] = 1 | (is_false(json_get(a, "special")) ? 0 : 2);
+        used += (uint32_t)c->str_len;
+        if ((int)c->str_len > t->max_token_bytes) t->max_token_bytes = (int)c->str_len;
+    }
+    t->n_added = n_added;
+    qsort(t->added, (size_t)n_added, sizeof *t->added, cmp_added);
+    for (int b = 0, j = 0; b <= 256; b++) {
+        while (j < n_added && t->added[j].first < b) j++;
+        t->added_first[b] = j;
+    }
+    return 0;
+}
+
+Tokenizer *tokenizer_load(const char *path, char *err, size_t errlen) {
+    int fd = open(path, O_RDONLY);
+    if (fd < 0) { seterr(err, errlen, "%s: %s", path, strerror(errno)); return NULL; }
+    struct stat st;
+    if (fstat(fd, &st) || !S_ISREG(st.st_mode)) {
+        seterr(err, errlen, "%s: not a regular file", path);
+        close(fd);
+        return NULL;
+    }
+    size_t len = (size_t)st.st_size;
+    char *text = len ? mmap(NULL, len, PROT_READ, MAP_PRIVATE, fd, 0) : NULL;
+    close(fd);
+    if (len && text == MAP_FAILED) { seterr(err, errlen, "%s: mmap: %s", path, strerror(errno)); return NULL; }
+    Json j;
+    char msg[200];
+    int rc = json_parse(&j, text ? text : "", len, msg, sizeof msg);
+    if (text) munmap(text, len);
+    if (rc) { seterr(err, errlen, "%s: invalid JSON: %s", path, msg); return NULL; }
+    Tokenizer *t = calloc(1, sizeof *t);
+    if (t) rc = build(t, j.root, msg, sizeof msg);
+    else rc = -1, snprintf(msg, sizeof msg, "out of memory");
+    json_free(&j);
+    if (rc) {
+        seterr(err, errlen, "%s: %s", path, msg);
+        tokenizer_free(t);
+        return NULL;
+    }
+    return t;
+}
+
+void tokenizer_free(Tokenizer *t) {
+    if (!t) return;
+    free(t->tok_off); free(t->tok_len); free(t->pool); free(t->flags); free(t->vmap);
+    free(t->merges); free(t->added); free(t->cls);
+    free(t);
+}
+
+/* ---------------------------------------------------------------- chat format (§1.6) */
+
+typedef struct { char *s; size_t n, cap; int oom; } Str;
+
+static void str_add(Str *b, const char *p, size_t n) {
+    if (b->oom) return;
+    if (b->cap - b->n <= n) {
+        size_t cap = (b->cap + n) * 2 + 64;
+        char *s = realloc(b->s, cap);
+        if (!s) { b->oom = 1; return; }
+        b->s = s;
+        b->cap = cap;
+    }
+    memcpy(b->s + b->n, p, n);
+    b->n += n;
+    b->s[b->n] = 0;
+}
+static void str_cat(Str *b, const char *p) { str_add(b, p, strlen(p)); }
+
+/* Python's str.strip() white space (what the Jinja templates' trim / strip use) */
+static size_t py_space_at(const unsigned char *s, size_t n) {
+    unsigned cp;
+    size_t l = utf8_decode(s, n, &cp);
+    if (!l) return 0;
+    int sp = (cp >= 0x09 && cp <= 0x0D) || (cp >= 0x1C && cp <= 0x20) || cp == 0x85 || cp == 0xA0 ||
+             cp == 0x1680 || (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 || cp == 0x2029 ||
+             cp == 0x202F || cp == 0x205F || cp == 0x3000;
+    return sp ? l : 0;
+}
+
+static void str_add_stripped(Str *b, const char *text) {
+    const unsigned char *s = (const unsigned char *)(text ? text : "");
+    size_t n = strlen((const char *)s), i = 0, end = 0;
+    for (size_t l; i < n && (l = py_space_at(s + i, n - i)); i += l) {}
+    for (size_t j = i; j < n;) {   /* end = just after the last non-space character */
+        size_t l = py_space_at(s + j, n - j);
+        if (!l) {
+            unsigned cp;
+            l = utf8_decode(s + j, n - j, &cp);
+            if (!l) l = 1;
+            end = j + l;
+        }
+        j += l;
+    }
+    if (end > i) str_add(b, (const char *)s + i, end - i);
+}
+
+void tokenizer_chat_defaults(ChatOptions *opt) {
+    memset(opt, 0, sizeof *opt);
+    opt->thinking = 1;
+    opt->effort = "Max";
+}
+
+char *tokenizer_render_chat_text(const ChatMessage *msgs, int n, const ChatOptions *opt,
+                                 int add_generation_prompt, char *err, size_t errlen) {
+    ChatOptions def;
+    if (!opt) { tokenizer_chat_defaults(&def); opt = &def; }
+    const char *empty = opt->glm51_empty ? "</think>" : "<think></think>";
+    int last_user = -1;
+    for (int i = 0; i < n; i++)
+        if (msgs[i].role && strcmp(msgs[i].role, "user") == 0) last_user = i;
+    Str b = {0};
+    str_cat(&b, "[gMASK]<sop>");
+    if (opt->thinking && opt->effort) {
+        str_cat(&b, "<|system|>Reasoning Effort: ");
+        str_cat(&b, opt->effort);
+    }
+    for (int i = 0; i < n; i++) {
+        const char *role = msgs[i].role ? msgs[i].role : "", *content = msgs[i].content ? msgs[i].content : "";
+        if (strcmp(role, "system") == 0 || strcmp(role, "user") == 0) {
+            str_cat(&b, role[0] == 's' ? "<|system|>" : "<|user|>");
+            str_cat(&b, content);
+        } else if (strcmp(role, "assistant") == 0) {
+            str_cat(&b, "<|assistant|>");
+            Str r = {0};
+            str_add_stripped(&r, msgs[i].reasoning);
+            if (r.n && (i > last_user || !opt->clear_thinking)) {
+                str_cat(&b, "<think>");
+                str_add(&b, r.s, r.n);
+                str_cat(&b, "</think>");
+            } else {
+                str_cat(&b, empty);
+            }
+            b.oom |= r.oom;
+            free(r.s);
+            str_add_stripped(&b, content);
+        } else if (strcmp(role, "tool") == 0) {
+            if (i == 0 || !msgs[i - 1].role || strcmp(msgs[i - 1].role, "tool") != 0) str_cat(&b, "<|observation|>");
+            str_cat(&b, "<tool_response>");
+            str_cat(&b, content);
+            str_cat(&b, "</tool_response>");
+        } else {
+            free(b.s);
+            seterr(err, errlen, "chat message %d: unknown role '%s'", i, role);
+            return NULL;
+        }
+    }
+    if (add_generation_prompt) {
+        str_cat(&b, "<|assistant|>");
+        str_cat(&b, opt->thinking ? "<think>" : empty);
+    }
+    if (b.oom) { free(b.s); seterr(err, errlen, "out of memory"); return NULL; }
+    return b.s;
+}
+
+int tokenizer_render_chat(const Tokenizer *t, const ChatMessage *msgs, int n, const ChatOptions *opt,
+                          int add_generation_prompt, int **ids, char *err, size_t errlen) {
+    *ids = NULL;
+    char *text = tokenizer_render_chat_text(msgs, n, opt, add_generation_prompt, err, errlen);
+    if (!text) return -1;
+    int r = tokenizer_encode(t, text, strlen(text), ids, err, errlen);
+    free(text);
+    return r;
+}
+
+/* ---------------------------------------------------------------- `glm tokenize` */
+
+static int cli_error(const char *fmt, ...) {
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "glm: error: %s\n", msg);
+    return 1;
+}
+
+static void print_ids(FILE *f, const int *ids, int n, int json) {
+    char buf[16];
+    if (json) fputc('[', f);
+    for (int i = 0; i < n; i++) {
+        int l = snprintf(buf, sizeof buf, "%s%d", i ? (json ? "," : " ") : "", ids[i]);
+        fwrite(buf, 1, (size_t)l, f);
+    }
+    fputs(json ? "]\n" : "\n", f);
+}
+
+static int cli_decode(const Tokenizer *t, const char *list) {
+    size_t cap = strlen(list) / 2 + 1;
+    int *ids = malloc(cap * sizeof *ids), n = 0;
+    if (!ids) return cli_error("out of memory");
+    for (const char *p = list; *p;) {
+        if (*p == ',' || *p == ' ' || *p == '\t' || *p == '\n') { p++; continue; }
+        char *end;
+        errno = 0;
+        long v = strtol(p, &end, 10);
+        if (end == p || errno || v < 0 || v >= tokenizer_vocab_size(t) || (*end && !strchr(", \t\n", *end))) {
+            int l = (int)strcspn(p, ", \t\n");
+            free(ids);
+            return cli_error("--decode: invalid token id '%.*s' (ids are 0..%d)", l > 40 ? 40 : l, p, tokenizer_vocab_size(t) - 1);
+        }
+        ids[n++] = (int)v;
+        p = end;
+    }
+    size_t len;
+    char *text = tokenizer_decode(t, ids, n, 0, &len);
+    free(ids);
+    if (!text) return cli_error("out of memory");
+    fwrite(text, 1, len, stdout);
+    fputc('\n', stdout);
+    free(text);
+    return 0;
+}
+
+static int cli_jsonl(const Tokenizer *t) {
+    char *line = NULL, err[200];
+    size_t cap = 0;
+    ssize_t len;
+    long lineno = 0;
+    int rc = 0;
+    while (rc == 0 && (len = getline(&line, &cap, stdin)) >= 0) {
+        lineno++;
+        if (len && line[len - 1] == '\n') len--;
+        if (len && line[len - 1] == '\r') len--;
+        Json j;
+        if (json_parse(&j, line, (size_t)len, err, sizeof err)) {
+            rc = cli_error("stdin line %ld: invalid JSON: %s", lineno, err);
+            break;
+        }
+        if (j.root->type != JSON_STRING) {
+            rc = cli_error("stdin line %ld: expected a JSON string", lineno);
+        } else {
+            int *ids, n = tokenizer_encode(t, j.root->str, j.root->str_len, &ids, err, sizeof err);
+            if (n < 0) rc = cli_error("stdin line %ld: %s", lineno, err);
+            else print_ids(stdout, ids, n, 1);
+            free(ids);
+        }
+        json_free(&j);
+    }
+    free(line);
+    if (rc == 0 && ferror(stdin)) rc = cli_error("stdin: read error");
+    return rc;
+}
+
+int tokenize_main(int argc, char **argv) {
+    const char *dir = NULL, *file = NULL, *arg = NULL;
+    int decode = 0, jsonl = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if ((strcmp(a, "-m") == 0 || strcmp(a, "--model") == 0 || strcmp(a, "--tokenizer") == 0)) {
+            if (i + 1 >= argc) return cli_error("tokenize: %s needs an argument", a);
+            if (a[1] == '-' && a[2] == 't') file = argv[++i];
+            else dir = argv[++i];
+        } else if (strcmp(a, "--decode") == 0) {
+            decode = 1;
+        } else if (strcmp(a, "--jsonl") == 0) {
+            jsonl = 1;
+        } else if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
+            printf("usage: glm tokenize (-m DIR | --tokenizer FILE) \"text\"\n"
+                   "       glm tokenize (-m DIR | --tokenizer FILE) --decode 1,2,3\n"
+                   "       glm tokenize (-m DIR | --tokenizer FILE) --jsonl < strings.jsonl > ids.jsonl\n");
+            return 0;
+        } else if (a[0] == '-' && a[1] && !(decode && a[1] >= '0' && a[1] <= '9')) {
+            return cli_error("tokenize: unknown flag '%s'", a);
+        } else if (arg) {
+            return cli_error("tokenize: unexpected extra argument '%s'", a);
+        } else {
+            arg = a;
+        }
+    }
+    if (!dir && !file) return cli_error("tokenize: need -m DIR or --tokenizer FILE");
+    if (decode && jsonl) return cli_error("tokenize: --decode and --jsonl cannot be combined");
+    if (jsonl && arg) return cli_error("tokenize: --jsonl reads stdin, unexpected argument '%s'", arg);
+    if (!jsonl && !arg) return cli_error(decode ? "tokenize: --decode needs a list of ids" : "tokenize: need the text to encode");
+    char path[4096], err[512];
+    if (file) snprintf(path, sizeof path, "%s", file);
+    else snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    Tokenizer *t = tokenizer_load(path, err, sizeof err);
+    if (!t) return cli_error("%s", err);
+    int rc;
+    if (decode) {
+        rc = cli_decode(t, arg);
+    } else if (jsonl) {
+        rc = cli_jsonl(t);
+    } else {
+        int *ids, n = tokenizer_encode(t, arg, strlen(arg), &ids, err, sizeof err);
+        rc = n < 0 ? cli_error("%s", err) : (print_ids(stdout, ids, n, 0), 0);
+        free(ids);
+    }
+    tokenizer_free(t);
+    if (fflush(stdout) && rc == 0) rc = cli_error("stdout: write error");
+    return rc;
+}

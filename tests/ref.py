@@ -23,7 +23,11 @@ import os
 import struct
 import sys
 
-import numpy as np
+# tiny matrices: BLAS threads only add overhead (set before numpy is imported)
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import numpy as np  # noqa: E402
 
 # --------------------------------------------------------------------------------------
 # number formats (decoders)
@@ -340,36 +344,38 @@ def indexer_select(m, w, a, cq, pos, stats, opts):
     ki = layernorm(a @ w["wk"].T, w["k_norm_w"], w["k_norm_b"], opts.get("eps_kn", 1e-6))
     ki = np.concatenate([rope(ki[:, :r], pos, m.theta), ki[:, r:]], axis=-1)
     hw = (a @ w["wproj"].T) * m.IH ** -0.5  # [S, IH]
-    dots = np.einsum("thd,sd->ths", qi, ki) * m.ID ** -0.5  # [t, h, s]
-    I = np.einsum("th,ths->ts", hw, np.maximum(dots, 0.0))
-    sel = np.zeros((S, S), bool)
-    for t in range(S):
-        n = t + 1
-        k = min(m.topk, n)
-        row = I[t, :n]
-        if opts.get("tie_high"):
-            # reversed tie-break (used only to prove the convention is exercised)
-            order = n - 1 - np.argsort(-row[::-1], kind="stable")
-        else:
-            order = np.argsort(-row, kind="stable")
-        sel[t, order[:k]] = True
-        if k < n:
-            v_in, v_out = row[order[k - 1]], row[order[k]]
-            scale = np.abs(row).max() + 1e-30
-            gap = (v_in - v_out) / scale
-            if gap == 0.0:
-                stats.idx_ties += 1
-                # an exact tie is only robust if the tied scores are exact zeros that stay
-                # zero under rounding: all their per-head dots clearly negative
-                tied = np.nonzero(row == v_in)[0]
-                if v_in == 0.0:
-                    dz = np.abs(dots[t][:, tied])
-                    dz = dz[hw[t] != 0.0]
-                    stats.idx_zero_dot = min(stats.idx_zero_dot, dz.min() / (np.abs(dots[t]).max() + 1e-30))
-                else:
-                    stats.idx_gap = 0.0
+    dots = (qi @ ki.T) * m.ID ** -0.5  # [t, h, s]
+    I = np.matmul(hw[:, None, :], np.maximum(dots, 0.0))[:, 0, :]  # sum_h w[t,h] relu(dots)
+    causal = np.tril(np.ones((S, S), bool))
+    Im = np.where(causal, I, -np.inf)
+    if opts.get("tie_high"):
+        # reversed tie-break (used only to prove that the convention is exercised)
+        order = S - 1 - np.argsort(-Im[:, ::-1], axis=1, kind="stable")
+    else:
+        order = np.argsort(-Im, axis=1, kind="stable")  # equal scores: lower position first
+    k = np.minimum(m.topk, np.arange(S) + 1)  # per query
+    rank = np.empty_like(order)
+    np.put_along_axis(rank, order, np.arange(S)[None, :].repeat(S, 0), axis=1)
+    sel = causal & (rank < k[:, None])
+    # closeness of the boundary decisions
+    for t in range(m.topk, S):  # rows where something is dropped
+        kk = k[t]
+        row = I[t, :t + 1]
+        v_in, v_out = row[order[t, kk - 1]], row[order[t, kk]]
+        scale = np.abs(row).max() + 1e-30
+        gap = (v_in - v_out) / scale
+        if gap == 0.0:
+            stats.idx_ties += 1
+            # an exact tie is only robust if the tied scores are exact zeros that stay zero
+            # under rounding: all their per-head dots clearly negative
+            if v_in == 0.0:
+                tied = np.nonzero(row == 0.0)[0]
+                dz = np.abs(dots[t][:, tied])[hw[t] != 0.0]
+                stats.idx_zero_dot = min(stats.idx_zero_dot, dz.min() / (np.abs(dots[t]).max() + 1e-30))
             else:
-                stats.idx_gap = min(stats.idx_gap, gap)
+                stats.idx_gap = 0.0
+        else:
+            stats.idx_gap = min(stats.idx_gap, gap)
     return sel
 
 
@@ -378,13 +384,13 @@ def mla_expanded(m, w, q_nope, q_pe, c, kpe, mask):
     kv = (c @ w["kv_b"].T).reshape(S, m.NH, m.nope + m.vd)
     k_nope, v = kv[..., :m.nope], kv[..., m.nope:]
     scale = (m.nope + m.rope) ** -0.5
-    logits = (np.einsum("thd,shd->hts", q_nope, k_nope) +
-              np.einsum("thr,sr->hts", q_pe, kpe)) * scale
+    logits = (np.matmul(q_nope.transpose(1, 0, 2), k_nope.transpose(1, 2, 0)) +
+              (q_pe @ kpe.T).transpose(1, 0, 2)) * scale  # [h, t, s]
     logits = np.where(mask[None], logits, -np.inf)
     logits -= logits.max(axis=-1, keepdims=True)
     p = np.exp(logits)
     p /= p.sum(axis=-1, keepdims=True)
-    o = np.einsum("hts,shv->thv", p, v)
+    o = np.matmul(p, v.transpose(1, 0, 2)).transpose(1, 0, 2)  # [t, h, v]
     return o.reshape(S, m.NH * m.vd)
 
 
@@ -393,15 +399,15 @@ def mla_absorbed(m, w, q_nope, q_pe, c, kpe, mask):
     S = c.shape[0]
     Wkv = w["kv_b"].reshape(m.NH, m.nope + m.vd, m.kvr)
     W_UK, W_UV = Wkv[:, :m.nope], Wkv[:, m.nope:]
-    q_lat = np.einsum("thd,hdc->thc", q_nope, W_UK)
+    q_lat = np.matmul(q_nope.transpose(1, 0, 2), W_UK)  # [h, t, kvr]
     scale = (m.nope + m.rope) ** -0.5  # stays 1/sqrt(qk_head_dim), not 1/sqrt(kvr+rope)
-    logits = (np.einsum("thc,sc->hts", q_lat, c) + np.einsum("thr,sr->hts", q_pe, kpe)) * scale
+    logits = (q_lat @ c.T + (q_pe @ kpe.T).transpose(1, 0, 2)) * scale  # [h, t, s]
     logits = np.where(mask[None], logits, -np.inf)
     logits -= logits.max(axis=-1, keepdims=True)
     p = np.exp(logits)
     p /= p.sum(axis=-1, keepdims=True)
-    o_lat = np.einsum("hts,sc->thc", p, c)
-    o = np.einsum("thc,hvc->thv", o_lat, W_UV)
+    o_lat = p @ c  # [h, t, kvr]
+    o = np.matmul(o_lat, W_UV.transpose(0, 2, 1)).transpose(1, 0, 2)  # [t, h, v]
     return o.reshape(S, m.NH * m.vd)
 
 
@@ -415,29 +421,34 @@ def moe(m, w, b, stats, opts):
     TG = 1 if opts.get("no_group") else m.topk_group
     out = swiglu(b, w["sh_gate"], w["sh_up"], w["sh_down"])
     gsz = m.E // G
-    for t in range(S):
-        sc = s_sel[t].copy()
-        if G > 1:
-            gs = sc.reshape(G, gsz)
-            top2 = -np.sort(-gs, axis=1)[:, :2]
-            gscore = top2.sum(axis=1)
-            go = np.argsort(-gscore, kind="stable")
-            if TG < G:
-                stats.grp_gap = min(stats.grp_gap, gscore[go[TG - 1]] - gscore[go[TG]])
-            keep = np.zeros(G, bool)
-            keep[go[:TG]] = True
-            sc = np.where(np.repeat(keep, gsz), sc, -np.inf)
-        order = np.argsort(-sc, kind="stable")
-        sel = order[:m.K]
-        if m.K < len(order) and np.isfinite(sc[order[m.K]]):
-            gap = sc[order[m.K - 1]] - sc[order[m.K]]
-            stats.moe_gap = min(stats.moe_gap, gap)
-        g = s[t, sel]
-        if m.norm_topk:
-            g = g / (g.sum() + 1e-20)
-        g = g * m.rsf
-        for e, ge in zip(sel, g):
-            out[t] += ge * swiglu(b[t:t + 1], w["ex_gate"][e], w["ex_up"][e], w["ex_down"][e])[0]
+    sc = s_sel.copy()
+    if G > 1:
+        gs = sc.reshape(S, G, gsz)
+        gscore = -np.sort(-gs, axis=2)[:, :, :2].sum(axis=2)  # sum of the 2 largest per group
+        go = np.argsort(-gscore, axis=1, kind="stable")  # equal: lower group index first
+        if TG < G:
+            r = np.arange(S)
+            stats.grp_gap = min(stats.grp_gap, (gscore[r, go[:, TG - 1]] - gscore[r, go[:, TG]]).min())
+        keep = np.zeros((S, G), bool)
+        np.put_along_axis(keep, go[:, :TG], True, axis=1)
+        sc = np.where(np.repeat(keep, gsz, axis=1), sc, -np.inf)
+    order = np.argsort(-sc, axis=1, kind="stable")  # equal: lower expert index first
+    sel = order[:, :m.K]
+    r = np.arange(S)
+    nxt = sc[r, order[:, m.K]] if m.K < m.E else np.full(S, -np.inf)
+    fin = np.isfinite(nxt)
+    if fin.any():
+        stats.moe_gap = min(stats.moe_gap, (sc[r, order[:, m.K - 1]] - nxt)[fin].min())
+    g = np.take_along_axis(s, sel, axis=1)  # unbiased sigmoid scores
+    if m.norm_topk:
+        g = g / (g.sum(axis=1, keepdims=True) + 1e-20)
+    g = g * m.rsf
+    gate = np.zeros((S, m.E))
+    np.put_along_axis(gate, sel, g, axis=1)
+    for e in range(m.E):
+        tok = np.nonzero(gate[:, e])[0]
+        if len(tok):
+            out[tok] += gate[tok, e, None] * swiglu(b[tok], w["ex_gate"][e], w["ex_up"][e], w["ex_down"][e])
     return out
 
 

@@ -1,9 +1,9 @@
 # glm.c - build with nothing but a C compiler and libc (+ OpenMP for two cores).
 CC      ?= cc
-CFLAGS  ?= -O2 -march=native
+CFLAGS  ?= -O2
 WARN     = -std=c11 -Wall -Wextra
 OMP     ?= -fopenmp
-SRC      = glm.c json.c
+SRC      = glm.c json.c synth.c simd.c convert.c
 HDR      = glm.h json.h
 
 glm: $(SRC) $(HDR)
@@ -19,7 +19,76 @@ test: glm
 test-asan: glm_asan
 	GLM=./glm_asan SAN=1 ./test.sh
 
-clean:
-	rm -f glm glm_asan
+# GPU builds: the same program (-DGLM_GPU: --gpu, --gpus N) plus glm_hip.hip, one
+# kernel source for three targets (see the top of glm_hip.hip):
+#   make hip   hipcc for AMD; GPU_ARCH=gfx942,gfx950 (MI300X, MI355X) or e.g. gfx90a
+#   make cuda  nvcc for NVIDIA; CUDA_ARCH=sm_90 (H100/H200)
+#   make emu   ./glm_emu: the kernels as C++ on the CPU under tests/hip_emu.h, WARP=64 or 32
+GPU_ARCH  ?= gfx942,gfx950
+CUDA_ARCH ?= sm_90
+HIPCC     ?= hipcc
+NVCC      ?= nvcc
+CXX       ?= c++
+WARP      ?= 64
+HIPFLAGS  ?= -O3
+NVFLAGS   ?= -O3
+comma     := ,
+GPU_DEPS   = $(SRC) $(HDR) glm_hip.hip
+# the C files with -DGLM_GPU into build/$(1)/
+define gpu_cobjs
+	@mkdir -p build/$(1)
+	for f in $(SRC); do $(CC) $(WARN) $(CFLAGS) $(OMP) -DGLM_GPU -c $$f -o build/$(1)/$${f%.c}.o || exit 1; done
+endef
 
-.PHONY: test test-asan clean
+hip: glm_hip
+glm_hip: $(GPU_DEPS)
+	$(call gpu_cobjs,hip)
+	$(HIPCC) -std=c++17 $(HIPFLAGS) $(foreach a,$(subst $(comma), ,$(GPU_ARCH)),--offload-arch=$(a)) -Wall -Wextra -x hip -c glm_hip.hip -o build/hip/glm_hip.o
+	$(HIPCC) $(foreach a,$(subst $(comma), ,$(GPU_ARCH)),--offload-arch=$(a)) -o $@ $(SRC:%.c=build/hip/%.o) build/hip/glm_hip.o -lgomp -lm
+
+cuda: glm_cuda
+glm_cuda: $(GPU_DEPS)
+	$(call gpu_cobjs,cuda)
+	$(NVCC) -std=c++17 $(NVFLAGS) -arch=$(CUDA_ARCH) -x cu -c glm_hip.hip -o build/cuda/glm_hip.o
+	$(NVCC) -arch=$(CUDA_ARCH) -o $@ $(SRC:%.c=build/cuda/%.o) build/cuda/glm_hip.o -lgomp -lm
+
+# glm_emu64 / glm_emu32 are the two wave widths; make emu copies the WARP one to ./glm_emu
+glm_emu64 glm_emu32: glm_emu%: $(GPU_DEPS) tests/hip_emu.h
+	$(call gpu_cobjs,emu$*)
+	$(CXX) -std=c++17 -O2 -g -Wall -Wextra -DGLM_EMU -DWARP=$* -pthread -x c++ -c glm_hip.hip -o build/emu$*/glm_hip.o
+	$(CXX) -pthread $(OMP) -o $@ $(SRC:%.c=build/emu$*/%.o) build/emu$*/glm_hip.o -lm
+emu: glm_emu$(WARP)
+	cp glm_emu$(WARP) glm_emu
+
+# libFuzzer targets (clang + libclang-rt-14-dev on Debian); see fuzz/README.md.
+# the program's main() is renamed so libFuzzer's main links; json.c uses a small first
+# arena block (faster, and it exercises block growth).
+FUZZCC    ?= clang
+FUZZFLAGS  = -std=c11 -Wall -Wextra -g -O1 -fno-omit-frame-pointer -fsanitize=fuzzer,address,undefined \
+             -fno-sanitize-recover=undefined -DJSON_FIRST_BLOCK=4096
+FUZZ_BINS  = fuzz/bin/fuzz_json fuzz/bin/fuzz_checkpoint fuzz/bin/fuzz_tokenizer_load fuzz/bin/fuzz_encode
+
+fuzz: $(FUZZ_BINS)
+
+fuzz/bin/fuzz_json: fuzz/fuzz_json.c json.c json.h
+	@mkdir -p fuzz/bin
+	$(FUZZCC) $(FUZZFLAGS) -o $@ fuzz/fuzz_json.c json.c
+
+fuzz/bin/fuzz_checkpoint: fuzz/fuzz_checkpoint.c $(SRC) $(HDR)
+	@mkdir -p fuzz/bin
+	$(FUZZCC) $(FUZZFLAGS) $(OMP) -Dmain=glm_cli_main -o $@ fuzz/fuzz_checkpoint.c $(SRC) -lm
+
+fuzz/bin/fuzz_tokenizer_load: fuzz/fuzz_tokenizer_load.c tokenizer.c json.c tokenizer.h tokenizer_unicode.h json.h
+	@mkdir -p fuzz/bin
+	$(FUZZCC) $(FUZZFLAGS) -o $@ fuzz/fuzz_tokenizer_load.c tokenizer.c json.c
+
+fuzz/bin/fuzz_encode: fuzz/fuzz_encode.c tokenizer.c json.c tokenizer.h tokenizer_unicode.h json.h
+	@mkdir -p fuzz/bin
+	$(FUZZCC) $(FUZZFLAGS) -o $@ fuzz/fuzz_encode.c tokenizer.c json.c
+
+clean:
+	rm -f glm glm_asan glm_hip glm_cuda glm_emu glm_emu32 glm_emu64
+	rm -rf build/hip build/cuda build/emu32 build/emu64
+	rm -rf fuzz/bin
+
+.PHONY: test test-asan clean fuzz hip cuda emu

@@ -140,17 +140,35 @@ float fp8_e4m3_to_f32(uint8_t b) {
     return sign ? -v : v;
 }
 
-static float g_fp8_table[256], g_e8m0_table[256];
+float fp8_table[256], e8m0_table[256];
 
-static void number_tables_init(void) {
+void number_tables_init(void) {
     for (int i = 0; i < 256; i++) {
-        g_fp8_table[i] = fp8_e4m3_to_f32((uint8_t)i);
-        g_e8m0_table[i] = e8m0_to_f32((uint8_t)i);
+        fp8_table[i] = fp8_e4m3_to_f32((uint8_t)i);
+        e8m0_table[i] = e8m0_to_f32((uint8_t)i);
     }
 }
 
 /* ======================================================================== */
 /* 2. safetensors shards and the checkpoint                                 */
+/*
+ * Every check on the checkpoint's files is a pure function over bytes already in
+ * memory: it returns 0, or -1 with a one-line message in the caller's err buffer
+ * (the text the CLI prints after "glm: error: ") after freeing whatever it
+ * allocated. The fuzz targets (fuzz/) call them in-process; the CLI wrappers below
+ * (shard_open, checkpoint_open, config_load) do the file I/O and glm_fatal. */
+
+/* Formats into err[errlen]; always returns -1, so a check can `return errf(...)`. */
+static int errf(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int errf(char *err, size_t errlen, const char *fmt, ...) {
+    if (err && errlen) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, errlen, fmt, ap);
+        va_end(ap);
+    }
+    return -1;
+}
 
 static size_t dtype_size(const char *dt) {
     static const struct { const char *name; size_t size; } t[] = {
@@ -178,15 +196,233 @@ const TensorInfo *checkpoint_find(const Checkpoint *ck, const char *name) {
     }
 }
 
-static int cmp_tensor_offset(const void *a, const void *b) {
-    const TensorInfo *x = *(const TensorInfo *const *)a, *y = *(const TensorInfo *const *)b;
-    return x->data < y->data ? -1 : x->data > y->data;
+static const char *base_name(const char *path) {
+    const char *s = strrchr(path, '/');
+    return s ? s + 1 : path;
 }
 
-/* Maps one shard and appends its tensors. Every number in the header is checked
- * before it is used: the header length against the file, each tensor's byte
- * range against the data section, its size against dtype x shape (in overflow-
- * safe arithmetic), and ranges against each other (no overlaps). */
+static uint64_t read_u64le(const uint8_t *p) {
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--) v = (v << 8) | p[i];
+    return v;
+}
+
+/* By start offset, then size, then header order: deterministic messages. */
+static int cmp_tensor_offset(const void *a, const void *b) {
+    const TensorInfo *x = *(const TensorInfo *const *)a, *y = *(const TensorInfo *const *)b;
+    if (x->data != y->data) return x->data < y->data ? -1 : 1;
+    if (x->nbytes != y->nbytes) return x->nbytes < y->nbytes ? -1 : 1;
+    return x < y ? -1 : x > y;
+}
+
+static void tensors_free(TensorInfo *t, int n) {
+    for (int i = 0; i < n; i++) free(t[i].name);
+    free(t);
+}
+
+/* Checks one safetensors file file[0..size) (named path in messages) and returns its
+ * tensors (malloc'd array, malloc'd names, data pointing into file, shard 0). Every
+ * number in the header is checked before it is used: the header length against the
+ * file, each tensor's byte range against the data section, its size against dtype x
+ * shape (in overflow-safe arithmetic), and ranges against each other (no overlaps;
+ * zero-byte tensors occupy nothing). */
+int safetensors_parse_header(const uint8_t *file, size_t size, const char *path,
+                             TensorInfo **tensors, int *n_tensors, char *err, size_t errlen) {
+    *tensors = NULL;
+    *n_tensors = 0;
+    if (size < 8) return errf(err, errlen, "%s: truncated: %zu bytes, shorter than the 8-byte header length", path, size);
+    uint64_t hlen = read_u64le(file);
+    if (hlen > size - 8)
+        return errf(err, errlen, "%s: header length %llu runs past the end of the file (%zu bytes)", path, (unsigned long long)hlen, size);
+    if (hlen > 100000000)
+        return errf(err, errlen, "%s: header length %llu is larger than the 100 MB safetensors limit", path, (unsigned long long)hlen);
+    const uint8_t *data = file + 8 + hlen;
+    size_t data_size = size - 8 - (size_t)hlen;
+
+    Json j;
+    char jerr[256];
+    if (json_parse(&j, (const char *)file + 8, (size_t)hlen, jerr, sizeof jerr))
+        return errf(err, errlen, "%s: bad JSON in the safetensors header: %s", path, jerr);
+    TensorInfo *ts = NULL;
+    const TensorInfo **order = NULL;
+    int n = 0;
+#define FAIL(...) do { errf(err, errlen, __VA_ARGS__); goto fail; } while (0)
+    if (j.root->type != JSON_OBJECT) FAIL("%s: safetensors header is not a JSON object", path);
+    ts = calloc(j.root->n + 1, sizeof *ts);
+    if (!ts) FAIL("out of memory");
+    for (const JsonValue *t = j.root->child; t; t = t->next) {
+        if (strlen(t->key) != t->key_len) FAIL("%s: tensor name with a NUL byte", path);
+        if (!strcmp(t->key, "__metadata__")) continue;
+        const JsonValue *dt = json_get(t, "dtype"), *shape = json_get(t, "shape"), *off = json_get(t, "data_offsets");
+        if (t->type != JSON_OBJECT || !dt || dt->type != JSON_STRING || !shape || shape->type != JSON_ARRAY ||
+            !off || off->type != JSON_ARRAY || off->n != 2)
+            FAIL("%s: tensor %s: header entry needs dtype, shape and two data_offsets", path, t->key);
+        TensorInfo *ti = &ts[n];
+        size_t esize = dtype_size(dt->str);
+        if (!esize || dt->str_len >= sizeof ti->dtype) FAIL("%s: tensor %s: unknown dtype %s", path, t->key, dt->str);
+        strcpy(ti->dtype, dt->str);
+        if (shape->n > 8) FAIL("%s: tensor %s: %zu dimensions (at most 8 supported)", path, t->key, shape->n);
+        uint64_t numel = 1;
+        for (const JsonValue *d = shape->child; d; d = d->next) {
+            if (d->type != JSON_NUMBER || !d->is_uint || d->u64 > INT64_MAX)
+                FAIL("%s: tensor %s: shape entries must be non-negative integers", path, t->key);
+            if (d->u64 && numel > UINT64_MAX / d->u64) FAIL("%s: tensor %s: shape overflows 64-bit arithmetic", path, t->key);
+            numel *= d->u64;
+            ti->shape[ti->ndim++] = (int64_t)d->u64;
+        }
+        if (numel > UINT64_MAX / esize) FAIL("%s: tensor %s: size overflows 64-bit arithmetic", path, t->key);
+        const JsonValue *b = off->child, *e = b->next;
+        if (b->type != JSON_NUMBER || !b->is_uint || e->type != JSON_NUMBER || !e->is_uint)
+            FAIL("%s: tensor %s: data_offsets must be non-negative integers that fit 64 bits", path, t->key);
+        if (b->u64 > e->u64)
+            FAIL("%s: tensor %s: data_offsets [%llu, %llu] end before they begin", path, t->key,
+                 (unsigned long long)b->u64, (unsigned long long)e->u64);
+        if (e->u64 > data_size)
+            FAIL("%s: tensor %s: data_offsets end %llu past the end of the file (data section is %zu bytes; truncated?)",
+                 path, t->key, (unsigned long long)e->u64, data_size);
+        if (e->u64 - b->u64 != numel * esize)
+            FAIL("%s: tensor %s: %llu bytes of data but dtype %s x shape needs %llu", path, t->key,
+                 (unsigned long long)(e->u64 - b->u64), ti->dtype, (unsigned long long)(numel * esize));
+        ti->name = strdup(t->key);
+        if (!ti->name) FAIL("out of memory");
+        ti->data = data + b->u64;
+        ti->nbytes = (size_t)(e->u64 - b->u64);
+        n++;
+    }
+
+    /* Overlap check: the non-empty tensors sorted by start offset. */
+    order = malloc((size_t)(n + 1) * sizeof *order);
+    if (!order) FAIL("out of memory");
+    int m = 0;
+    for (int i = 0; i < n; i++)
+        if (ts[i].nbytes) order[m++] = &ts[i];
+    qsort(order, (size_t)m, sizeof *order, cmp_tensor_offset);
+    for (int i = 1; i < m; i++)
+        if (order[i]->data < order[i - 1]->data + order[i - 1]->nbytes)
+            FAIL("%s: tensors %s and %s have overlapping data_offsets", path, order[i - 1]->name, order[i]->name);
+    free(order);
+    json_free(&j);
+    *tensors = ts;
+    *n_tensors = n;
+    return 0;
+fail:
+    free(order);
+    if (ts) tensors_free(ts, n + 1); /* ts[n] may hold a name being filled in: calloc'd, so NULL or set */
+    json_free(&j);
+    return -1;
+#undef FAIL
+}
+
+/* Checks the shard map[0..size) and appends it and its tensors to ck, which then owns
+ * map (checkpoint_close munmaps it). On failure ck is unchanged and map still the caller's. */
+int checkpoint_add_shard(Checkpoint *ck, const char *path, const uint8_t *map, size_t size, char *err, size_t errlen) {
+    TensorInfo *ts;
+    int n;
+    if (safetensors_parse_header(map, size, path, &ts, &n, err, errlen)) return -1;
+    Shard *shards = realloc(ck->shards, (size_t)(ck->n_shards + 1) * sizeof *shards);
+    if (shards) ck->shards = shards;
+    TensorInfo *all = shards ? realloc(ck->tensors, (size_t)(ck->n_tensors + n + 1) * sizeof *all) : NULL;
+    if (all) ck->tensors = all;
+    char *p = all ? strdup(path) : NULL;
+    if (!p) {
+        tensors_free(ts, n);
+        return errf(err, errlen, "out of memory");
+    }
+    uint64_t hlen = read_u64le(map);
+    Shard *sh = &ck->shards[ck->n_shards];
+    sh->path = p;
+    sh->map = map;
+    sh->size = size;
+    sh->data = map + 8 + hlen;
+    sh->data_size = size - 8 - (size_t)hlen;
+    for (int i = 0; i < n; i++) {
+        ts[i].shard = ck->n_shards;
+        ck->tensors[ck->n_tensors + i] = ts[i];
+    }
+    free(ts); /* the names moved to ck */
+    ck->n_tensors += n;
+    ck->n_shards++;
+    return 0;
+}
+
+/* The name -> tensor hash table; a name twice (in one shard or two) is an error. */
+int checkpoint_build_table(Checkpoint *ck, char *err, size_t errlen) {
+    int size = 16;
+    while (size < ck->n_tensors * 2) size *= 2;
+    free(ck->table);
+    ck->table_size = 0;
+    ck->table = malloc((size_t)size * sizeof(int));
+    if (!ck->table) return errf(err, errlen, "out of memory");
+    for (int i = 0; i < size; i++) ck->table[i] = -1;
+    ck->table_size = size;
+    for (int t = 0; t < ck->n_tensors; t++) {
+        uint64_t i = name_hash(ck->tensors[t].name) & (uint64_t)(size - 1);
+        while (ck->table[i] >= 0) {
+            const TensorInfo *o = &ck->tensors[ck->table[i]];
+            if (!strcmp(o->name, ck->tensors[t].name))
+                return errf(err, errlen, "%s: tensor %s appears twice (also in %s)", ck->shards[ck->tensors[t].shard].path,
+                            o->name, ck->shards[o->shard].path);
+            i = (i + 1) & (uint64_t)(size - 1);
+        }
+        ck->table[i] = t;
+    }
+    return 0;
+}
+
+void shard_index_free(ShardIndex *ix) {
+    for (int i = 0; i < ix->n_files; i++) free(ix->files[i]);
+    for (int i = 0; i < ix->n_names; i++) free(ix->names[i]);
+    free(ix->files); free(ix->names); free(ix->file_of);
+    memset(ix, 0, sizeof *ix);
+}
+
+/* model.safetensors.index.json: its weight_map must be an object of file names inside
+ * the folder; collects the distinct files (in order of first mention) and the entries. */
+int shard_index_parse(ShardIndex *ix, const char *text, size_t len, const char *path, char *err, size_t errlen) {
+    memset(ix, 0, sizeof *ix);
+    Json j;
+    char jerr[256];
+    if (json_parse(&j, text, len, jerr, sizeof jerr)) return errf(err, errlen, "%s: bad JSON: %s", path, jerr);
+#define FAIL(...) do { errf(err, errlen, __VA_ARGS__); goto fail; } while (0)
+    const JsonValue *wm = json_get(j.root, "weight_map");
+    if (!wm || wm->type != JSON_OBJECT) FAIL("%s: no weight_map object", path);
+    ix->files = malloc((wm->n + 1) * sizeof *ix->files);
+    ix->names = malloc((wm->n + 1) * sizeof *ix->names);
+    ix->file_of = malloc((wm->n + 1) * sizeof *ix->file_of);
+    if (!ix->files || !ix->names || !ix->file_of) FAIL("out of memory");
+    for (const JsonValue *e = wm->child; e; e = e->next) {
+        if (e->type != JSON_STRING) FAIL("%s: weight_map[%s] is not a file name", path, e->key);
+        if (strchr(e->str, '/') || !strcmp(e->str, "..")) FAIL("%s: weight_map[%s] names %s outside the folder", path, e->key, e->str);
+        int f = 0;
+        while (f < ix->n_files && strcmp(ix->files[f], e->str)) f++;
+        if (f == ix->n_files) {
+            if (!(ix->files[f] = strdup(e->str))) FAIL("out of memory");
+            ix->n_files++;
+        }
+        if (!(ix->names[ix->n_names] = strdup(e->key))) FAIL("out of memory");
+        ix->file_of[ix->n_names++] = f;
+    }
+#undef FAIL
+    json_free(&j);
+    return 0;
+fail:
+    json_free(&j);
+    shard_index_free(ix);
+    return -1;
+}
+
+/* Every name in the index must be in the shard it names (ck's table built). */
+int shard_index_check(const Checkpoint *ck, const ShardIndex *ix, const char *path, char *err, size_t errlen) {
+    for (int i = 0; i < ix->n_names; i++) {
+        const TensorInfo *t = checkpoint_find(ck, ix->names[i]);
+        const char *file = ix->files[ix->file_of[i]];
+        if (!t || strcmp(base_name(ck->shards[t->shard].path), file))
+            return errf(err, errlen, "%s: tensor %s is listed in %s but not found in that shard", file, ix->names[i], path);
+    }
+    return 0;
+}
+
+/* Maps one shard file of the checkpoint folder and appends it (CLI: errors are fatal). */
 static void shard_open(Checkpoint *ck, const char *file) {
     char *path = path_join(ck->dir, file);
     int fd = open(path, O_RDONLY);
@@ -194,102 +430,15 @@ static void shard_open(Checkpoint *ck, const char *file) {
     struct stat st;
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) glm_fatal("%s: not a regular file", path);
     size_t size = (size_t)st.st_size;
-    if (size < 8) glm_fatal("%s: truncated: %zu bytes, shorter than the 8-byte header length", path, size);
-    const uint8_t *map = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
+    const uint8_t *map = NULL;
+    if (size >= 8) { /* shorter: checkpoint_add_shard says "truncated" */
+        map = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
+        if (map == MAP_FAILED) glm_fatal("%s: mmap failed: %s", path, strerror(errno));
+    }
     close(fd);
-    if (map == MAP_FAILED) glm_fatal("%s: mmap failed: %s", path, strerror(errno));
-
-    uint64_t hlen = 0;
-    for (int i = 7; i >= 0; i--) hlen = (hlen << 8) | map[i];
-    if (hlen > size - 8) glm_fatal("%s: header length %llu runs past the end of the file (%zu bytes)", path, (unsigned long long)hlen, size);
-    if (hlen > 100000000) glm_fatal("%s: header length %llu is larger than the 100 MB safetensors limit", path, (unsigned long long)hlen);
-
-    Shard *sh;
-    ck->shards = realloc(ck->shards, (size_t)(ck->n_shards + 1) * sizeof(Shard));
-    if (!ck->shards) glm_fatal("out of memory");
-    sh = &ck->shards[ck->n_shards];
-    sh->path = path; sh->map = map; sh->size = size;
-    sh->data = map + 8 + hlen; sh->data_size = size - 8 - hlen;
-
-    Json j;
-    char err[256];
-    if (json_parse(&j, (const char *)map + 8, hlen, err, sizeof err))
-        glm_fatal("%s: bad JSON in the safetensors header: %s", path, err);
-    if (j.root->type != JSON_OBJECT) glm_fatal("%s: safetensors header is not a JSON object", path);
-
-    int first = ck->n_tensors;
-    ck->tensors = realloc(ck->tensors, (size_t)(ck->n_tensors + (int)j.root->n) * sizeof(TensorInfo));
-    if (!ck->tensors) glm_fatal("out of memory");
-    for (const JsonValue *t = j.root->child; t; t = t->next) {
-        if (strlen(t->key) != t->key_len) glm_fatal("%s: tensor name with a NUL byte", path);
-        if (!strcmp(t->key, "__metadata__")) continue;
-        const JsonValue *dt = json_get(t, "dtype"), *shape = json_get(t, "shape"), *off = json_get(t, "data_offsets");
-        if (t->type != JSON_OBJECT || !dt || dt->type != JSON_STRING || !shape || shape->type != JSON_ARRAY ||
-            !off || off->type != JSON_ARRAY || off->n != 2)
-            glm_fatal("%s: tensor %s: header entry needs dtype, shape and two data_offsets", path, t->key);
-        TensorInfo *ti = &ck->tensors[ck->n_tensors];
-        memset(ti, 0, sizeof *ti);
-        size_t esize = dtype_size(dt->str);
-        if (!esize || dt->str_len >= sizeof ti->dtype) glm_fatal("%s: tensor %s: unknown dtype %s", path, t->key, dt->str);
-        strcpy(ti->dtype, dt->str);
-        if (shape->n > 8) glm_fatal("%s: tensor %s: %zu dimensions (at most 8 supported)", path, t->key, shape->n);
-        uint64_t numel = 1;
-        for (const JsonValue *d = shape->child; d; d = d->next) {
-            if (d->type != JSON_NUMBER || !d->is_uint || d->u64 > INT64_MAX)
-                glm_fatal("%s: tensor %s: shape entries must be non-negative integers", path, t->key);
-            if (d->u64 && numel > UINT64_MAX / d->u64) glm_fatal("%s: tensor %s: shape overflows 64-bit arithmetic", path, t->key);
-            numel *= d->u64;
-            ti->shape[ti->ndim++] = (int64_t)d->u64;
-        }
-        if (numel > UINT64_MAX / esize) glm_fatal("%s: tensor %s: size overflows 64-bit arithmetic", path, t->key);
-        const JsonValue *b = off->child, *e = b->next;
-        if (b->type != JSON_NUMBER || !b->is_uint || e->type != JSON_NUMBER || !e->is_uint)
-            glm_fatal("%s: tensor %s: data_offsets must be non-negative integers that fit 64 bits", path, t->key);
-        if (b->u64 > e->u64) glm_fatal("%s: tensor %s: data_offsets [%llu, %llu] end before they begin", path, t->key,
-                                       (unsigned long long)b->u64, (unsigned long long)e->u64);
-        if (e->u64 > sh->data_size)
-            glm_fatal("%s: tensor %s: data_offsets end %llu past the end of the file (data section is %zu bytes; truncated?)",
-                      path, t->key, (unsigned long long)e->u64, sh->data_size);
-        if (e->u64 - b->u64 != numel * esize)
-            glm_fatal("%s: tensor %s: %llu bytes of data but dtype %s x shape needs %llu", path, t->key,
-                      (unsigned long long)(e->u64 - b->u64), ti->dtype, (unsigned long long)(numel * esize));
-        ti->name = xstrdup(t->key);
-        ti->data = sh->data + b->u64;
-        ti->nbytes = (size_t)(e->u64 - b->u64);
-        ti->shard = ck->n_shards;
-        ck->n_tensors++;
-    }
-    json_free(&j);
-
-    /* Overlap check: sort this shard's tensors by start offset. */
-    int n = ck->n_tensors - first;
-    const TensorInfo **order = xmalloc((size_t)n * sizeof *order);
-    for (int i = 0; i < n; i++) order[i] = &ck->tensors[first + i];
-    qsort(order, (size_t)n, sizeof *order, cmp_tensor_offset);
-    for (int i = 1; i < n; i++)
-        if (order[i]->data < order[i - 1]->data + order[i - 1]->nbytes)
-            glm_fatal("%s: tensors %s and %s have overlapping data_offsets", path, order[i - 1]->name, order[i]->name);
-    free(order);
-    ck->n_shards++;
-}
-
-static void checkpoint_build_table(Checkpoint *ck) {
-    int size = 16;
-    while (size < ck->n_tensors * 2) size *= 2;
-    ck->table_size = size;
-    ck->table = xmalloc((size_t)size * sizeof(int));
-    for (int i = 0; i < size; i++) ck->table[i] = -1;
-    for (int t = 0; t < ck->n_tensors; t++) {
-        uint64_t i = name_hash(ck->tensors[t].name) & (uint64_t)(size - 1);
-        while (ck->table[i] >= 0) {
-            const TensorInfo *o = &ck->tensors[ck->table[i]];
-            if (!strcmp(o->name, ck->tensors[t].name))
-                glm_fatal("%s: tensor %s appears twice (also in %s)", ck->shards[ck->tensors[t].shard].path,
-                          o->name, ck->shards[o->shard].path);
-            i = (i + 1) & (uint64_t)(size - 1);
-        }
-        ck->table[i] = t;
-    }
+    char err[1024];
+    if (checkpoint_add_shard(ck, path, map, size, err, sizeof err)) glm_fatal("%s", err);
+    free(path);
 }
 
 static char *read_file(const char *path, size_t *len) {
@@ -321,6 +470,7 @@ void checkpoint_open(Checkpoint *ck, const char *dir) {
     struct stat st;
     if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) glm_fatal("-m %s: no such model folder", dir);
     char *index_path = path_join(dir, "model.safetensors.index.json");
+    char err[1024];
     size_t len;
     char *text = read_file(index_path, &len);
     if (!text) {
@@ -329,44 +479,28 @@ void checkpoint_open(Checkpoint *ck, const char *dir) {
             glm_fatal("%s: no model.safetensors.index.json and no model.safetensors in this folder", dir);
         free(single);
         shard_open(ck, "model.safetensors");
-        checkpoint_build_table(ck);
+        if (checkpoint_build_table(ck, err, sizeof err)) glm_fatal("%s", err);
         free(index_path);
         return;
     }
-    Json j;
-    char err[256];
-    if (json_parse(&j, text, len, err, sizeof err)) glm_fatal("%s: bad JSON: %s", index_path, err);
-    const JsonValue *wm = json_get(j.root, "weight_map");
-    if (!wm || wm->type != JSON_OBJECT) glm_fatal("%s: no weight_map object", index_path);
-    /* open each distinct shard once, in order of first mention */
-    for (const JsonValue *e = wm->child; e; e = e->next) {
-        if (e->type != JSON_STRING) glm_fatal("%s: weight_map[%s] is not a file name", index_path, e->key);
-        if (strchr(e->str, '/') || !strcmp(e->str, "..")) glm_fatal("%s: weight_map[%s] names %s outside the folder", index_path, e->key, e->str);
-        int seen = 0;
-        for (int s = 0; s < ck->n_shards && !seen; s++) {
-            const char *base = strrchr(ck->shards[s].path, '/') + 1;
-            seen = !strcmp(base, e->str);
-        }
-        if (seen) continue;
-        char *sp = path_join(dir, e->str);
-        if (access(sp, F_OK) != 0) glm_fatal("%s: names shard %s, which is missing", index_path, e->str);
+    ShardIndex ix;
+    if (shard_index_parse(&ix, text, len, index_path, err, sizeof err)) glm_fatal("%s", err);
+    for (int f = 0; f < ix.n_files; f++) { /* each distinct shard once, in order of first mention */
+        char *sp = path_join(dir, ix.files[f]);
+        if (access(sp, F_OK) != 0) glm_fatal("%s: names shard %s, which is missing", index_path, ix.files[f]);
         free(sp);
-        shard_open(ck, e->str);
+        shard_open(ck, ix.files[f]);
     }
-    checkpoint_build_table(ck);
-    for (const JsonValue *e = wm->child; e; e = e->next) {
-        const TensorInfo *t = checkpoint_find(ck, e->key);
-        const char *base = t ? strrchr(ck->shards[t->shard].path, '/') + 1 : NULL;
-        if (!t || strcmp(base, e->str)) glm_fatal("%s: tensor %s is listed in %s but not found in that shard", e->str, e->key, index_path);
-    }
-    json_free(&j);
+    if (checkpoint_build_table(ck, err, sizeof err) || shard_index_check(ck, &ix, index_path, err, sizeof err))
+        glm_fatal("%s", err);
+    shard_index_free(&ix);
     free(text);
     free(index_path);
 }
 
 void checkpoint_close(Checkpoint *ck) {
     for (int s = 0; s < ck->n_shards; s++) {
-        munmap((void *)ck->shards[s].map, ck->shards[s].size);
+        if (ck->shards[s].map) munmap((void *)ck->shards[s].map, ck->shards[s].size);
         free(ck->shards[s].path);
     }
     for (int t = 0; t < ck->n_tensors; t++) free(ck->tensors[t].name);
@@ -377,39 +511,65 @@ void checkpoint_close(Checkpoint *ck) {
 /* ======================================================================== */
 /* 3. config.json                                                           */
 
-typedef struct { const char *path; const JsonValue *root; } ConfigFile;
+/* The first error wins (sticky); after it, the helpers return in-range defaults so
+ * the rest of config_parse runs on safe values and its own errors are dropped. */
+typedef struct {
+    const char *path;
+    const JsonValue *root;
+    char *err; size_t errlen;
+    int failed;
+} ConfigFile;
 
-static const JsonValue *cfg_field(const ConfigFile *cf, const char *key, int required) {
+static void cfg_fail(ConfigFile *cf, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void cfg_fail(ConfigFile *cf, const char *fmt, ...) {
+    if (cf->failed) return;
+    cf->failed = 1;
+    if (cf->err && cf->errlen) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(cf->err, cf->errlen, fmt, ap);
+        va_end(ap);
+    }
+}
+
+static const JsonValue *cfg_field(ConfigFile *cf, const char *key, int required) {
     const JsonValue *v = json_get(cf->root, key);
     if (v && v->type == JSON_NULL) v = NULL;
-    if (!v && required) glm_fatal("%s: missing field %s", cf->path, key);
+    if (!v && required) cfg_fail(cf, "%s: missing field %s", cf->path, key);
     return v;
 }
 
-static double cfg_number(const ConfigFile *cf, const char *key, int required, double dflt) {
+static double cfg_number(ConfigFile *cf, const char *key, int required, double dflt) {
     const JsonValue *v = cfg_field(cf, key, required);
     if (!v) return dflt;
-    if (v->type != JSON_NUMBER && v->type != JSON_BOOL) glm_fatal("%s: field %s must be a number", cf->path, key);
+    if (v->type != JSON_NUMBER && v->type != JSON_BOOL) {
+        cfg_fail(cf, "%s: field %s must be a number", cf->path, key);
+        return dflt;
+    }
     return v->num;
 }
 
-static int cfg_int(const ConfigFile *cf, const char *key, int required, int dflt, int min, int max) {
+/* An integer in [min, max] (min <= max), or min after an error. */
+static int cfg_int(ConfigFile *cf, const char *key, int required, double dflt, int min, int max) {
     double d = cfg_number(cf, key, required, dflt);
-    if (d != floor(d) || d < min || d > max) glm_fatal("%s: field %s = %g is out of range [%d, %d]", cf->path, key, d, min, max);
+    if (d != floor(d) || d < min || d > max) {
+        cfg_fail(cf, "%s: field %s = %g is out of range [%d, %d]", cf->path, key, d, min, max);
+        return min;
+    }
     return (int)d;
 }
 
-void config_load(Config *c, const char *dir) {
+/* Reads and checks config.json text[0..len) (named path in messages) into c. */
+int config_parse(Config *c, const char *text, size_t len, const char *path, char *err, size_t errlen) {
     memset(c, 0, sizeof *c);
-    char *path = path_join(dir, "config.json");
-    size_t len;
-    char *text = read_file(path, &len);
-    if (!text) glm_fatal("%s: cannot read: %s", path, strerror(errno));
     Json j;
-    char err[256];
-    if (json_parse(&j, text, len, err, sizeof err)) glm_fatal("%s: bad JSON: %s", path, err);
-    if (j.root->type != JSON_OBJECT) glm_fatal("%s: not a JSON object", path);
-    ConfigFile cf = {path, j.root};
+    char jerr[256];
+    if (json_parse(&j, text, len, jerr, sizeof jerr)) return errf(err, errlen, "%s: bad JSON: %s", path, jerr);
+    if (j.root->type != JSON_OBJECT) {
+        json_free(&j);
+        return errf(err, errlen, "%s: not a JSON object", path);
+    }
+    ConfigFile cf = {path, j.root, err, errlen, 0};
     const int BIG = 1 << 30;
 
     c->vocab_size = cfg_int(&cf, "vocab_size", 1, 0, 1, BIG);
@@ -423,14 +583,15 @@ void config_load(Config *c, const char *dir) {
     c->qk_rope = cfg_int(&cf, "qk_rope_head_dim", 1, 0, 2, BIG);
     c->v_head = cfg_int(&cf, "v_head_dim", 1, 0, 1, BIG);
     /* qk_head_dim is redundant; if present it must agree (head_dim is a wrong legacy field, §7.5) */
-    int qk_head = cfg_int(&cf, "qk_head_dim", 0, c->qk_nope + c->qk_rope, 1, BIG);
-    if (qk_head != c->qk_nope + c->qk_rope)
-        glm_fatal("%s: inconsistent config: qk_head_dim %d != qk_nope_head_dim %d + qk_rope_head_dim %d", path, qk_head, c->qk_nope, c->qk_rope);
-    if (c->qk_rope % 2) glm_fatal("%s: qk_rope_head_dim must be even", path);
+    long long qk_sum = (long long)c->qk_nope + c->qk_rope;
+    int qk_head = cfg_int(&cf, "qk_head_dim", 0, (double)qk_sum, 1, BIG);
+    if (qk_head != qk_sum)
+        cfg_fail(&cf, "%s: inconsistent config: qk_head_dim %d != qk_nope_head_dim %d + qk_rope_head_dim %d", path, qk_head, c->qk_nope, c->qk_rope);
+    if (c->qk_rope % 2) cfg_fail(&cf, "%s: qk_rope_head_dim must be even", path);
     c->index_n_heads = cfg_int(&cf, "index_n_heads", 1, 0, 1, 4096);
     c->index_head_dim = cfg_int(&cf, "index_head_dim", 1, 0, 1, BIG);
     c->index_topk = cfg_int(&cf, "index_topk", 1, 0, 1, BIG);
-    if (c->index_head_dim < c->qk_rope) glm_fatal("%s: inconsistent config: index_head_dim %d < qk_rope_head_dim %d", path, c->index_head_dim, c->qk_rope);
+    if (c->index_head_dim < c->qk_rope) cfg_fail(&cf, "%s: inconsistent config: index_head_dim %d < qk_rope_head_dim %d", path, c->index_head_dim, c->qk_rope);
     c->n_experts = cfg_int(&cf, "n_routed_experts", 1, 0, 1, 1 << 16);
     c->n_active = cfg_int(&cf, "num_experts_per_tok", 1, 0, 1, c->n_experts);
     c->n_shared = cfg_int(&cf, "n_shared_experts", 0, 0, 0, 64);
@@ -438,48 +599,57 @@ void config_load(Config *c, const char *dir) {
     c->dense_inter = cfg_int(&cf, "intermediate_size", 1, 0, 1, BIG);
     c->n_group = cfg_int(&cf, "n_group", 0, 1, 1, c->n_experts);
     c->topk_group = cfg_int(&cf, "topk_group", 0, c->n_group, 1, c->n_group);
-    if (c->n_experts % c->n_group) glm_fatal("%s: inconsistent config: n_routed_experts %d not divisible by n_group %d", path, c->n_experts, c->n_group);
-    if (c->n_group > 1 && c->n_experts / c->n_group < 2) glm_fatal("%s: inconsistent config: group-limited routing needs >= 2 experts per group", path);
+    if (c->n_experts % c->n_group) cfg_fail(&cf, "%s: inconsistent config: n_routed_experts %d not divisible by n_group %d", path, c->n_experts, c->n_group);
+    if (c->n_group > 1 && c->n_experts / c->n_group < 2) cfg_fail(&cf, "%s: inconsistent config: group-limited routing needs >= 2 experts per group", path);
     if (c->n_active > c->topk_group * (c->n_experts / c->n_group))
-        glm_fatal("%s: inconsistent config: num_experts_per_tok %d exceeds the experts in topk_group groups", path, c->n_active);
-    c->norm_topk_prob = (int)cfg_number(&cf, "norm_topk_prob", 0, 1);
+        cfg_fail(&cf, "%s: inconsistent config: num_experts_per_tok %d exceeds the experts in topk_group groups", path, c->n_active);
+    c->norm_topk_prob = cfg_number(&cf, "norm_topk_prob", 0, 1) != 0;
     c->routed_scale = (float)cfg_number(&cf, "routed_scaling_factor", 0, 1.0);
     c->rms_eps = (float)cfg_number(&cf, "rms_norm_eps", 0, 1e-5);
     c->max_pos = cfg_int(&cf, "max_position_embeddings", 0, BIG, 1, BIG);
 
     const JsonValue *sf = cfg_field(&cf, "scoring_func", 0);
-    if (sf && (sf->type != JSON_STRING || strcmp(sf->str, "sigmoid"))) glm_fatal("%s: scoring_func must be \"sigmoid\"", path);
+    if (sf && (sf->type != JSON_STRING || strcmp(sf->str, "sigmoid"))) cfg_fail(&cf, "%s: scoring_func must be \"sigmoid\"", path);
     const JsonValue *tie = cfg_field(&cf, "tie_word_embeddings", 0);
-    if (tie && tie->type == JSON_BOOL && tie->num) glm_fatal("%s: tie_word_embeddings true is not supported (GLM-5 has a separate lm_head)", path);
+    if (tie && tie->type == JSON_BOOL && tie->num) cfg_fail(&cf, "%s: tie_word_embeddings true is not supported (GLM-5 has a separate lm_head)", path);
 
     /* RoPE theta: rope_parameters.rope_theta (transformers v5), else flat rope_theta. No YaRN (§7.6). */
     const JsonValue *rp = cfg_field(&cf, "rope_parameters", 0);
     const JsonValue *theta = rp ? json_get(rp, "rope_theta") : NULL;
     if (!theta) theta = cfg_field(&cf, "rope_theta", 0);
-    if (!theta || theta->type != JSON_NUMBER || theta->num <= 0) glm_fatal("%s: missing or bad rope_parameters.rope_theta", path);
-    c->rope_theta = theta->num;
+    if (!theta || theta->type != JSON_NUMBER || theta->num <= 0) cfg_fail(&cf, "%s: missing or bad rope_parameters.rope_theta", path);
+    else c->rope_theta = theta->num;
     if (rp) {
         const JsonValue *rt = json_get(rp, "rope_type");
         if (rt && rt->type == JSON_STRING && strcmp(rt->str, "default"))
-            glm_fatal("%s: rope_type \"%s\" is not supported (GLM-5 uses plain RoPE)", path, rt->str);
+            cfg_fail(&cf, "%s: rope_type \"%s\" is not supported (GLM-5 uses plain RoPE)", path, rt->str);
     }
 
-    /* eos: an int or a list */
+    /* eos: a token id or a list of them (at most GLM_MAX_EOS kept; entries of other types ignored) */
     const JsonValue *eos = cfg_field(&cf, "eos_token_id", 0);
-    if (eos && eos->type == JSON_NUMBER) c->eos[c->n_eos++] = (int)eos->num;
-    else if (eos && eos->type == JSON_ARRAY)
-        for (const JsonValue *e = eos->child; e && c->n_eos < GLM_MAX_EOS; e = e->next)
-            if (e->type == JSON_NUMBER) c->eos[c->n_eos++] = (int)e->num;
+    const JsonValue *ids = eos && eos->type == JSON_ARRAY ? eos->child : eos;
+    for (const JsonValue *e = ids; e && c->n_eos < GLM_MAX_EOS; e = eos->type == JSON_ARRAY ? e->next : NULL) {
+        if (e->type != JSON_NUMBER) continue;
+        if (e->num != floor(e->num) || e->num < INT32_MIN || e->num > INT32_MAX) {
+            cfg_fail(&cf, "%s: eos_token_id must be a token id or a list of token ids", path);
+            break;
+        }
+        c->eos[c->n_eos++] = (int)e->num;
+    }
 
     /* dense vs MoE: mlp_layer_types if given, else the first first_k_dense_replace layers */
     const JsonValue *mlt = cfg_field(&cf, "mlp_layer_types", 0);
     if (mlt) {
-        if (mlt->type != JSON_ARRAY || (int)mlt->n < c->n_layers) glm_fatal("%s: mlp_layer_types must list %d layers", path, c->n_layers);
-        int l = 0;
-        for (const JsonValue *e = mlt->child; e && l < c->n_layers; e = e->next, l++) {
-            if (e->type != JSON_STRING || (strcmp(e->str, "dense") && strcmp(e->str, "sparse")))
-                glm_fatal("%s: mlp_layer_types[%d] must be \"dense\" or \"sparse\"", path, l);
-            c->dense[l] = !strcmp(e->str, "dense");
+        if (mlt->type != JSON_ARRAY || (int)mlt->n < c->n_layers) cfg_fail(&cf, "%s: mlp_layer_types must list %d layers", path, c->n_layers);
+        else {
+            int l = 0;
+            for (const JsonValue *e = mlt->child; e && l < c->n_layers; e = e->next, l++) {
+                if (e->type != JSON_STRING || (strcmp(e->str, "dense") && strcmp(e->str, "sparse"))) {
+                    cfg_fail(&cf, "%s: mlp_layer_types[%d] must be \"dense\" or \"sparse\"", path, l);
+                    break;
+                }
+                c->dense[l] = !strcmp(e->str, "dense");
+            }
         }
     } else {
         int k = cfg_int(&cf, "first_k_dense_replace", 0, 0, 0, c->n_layers);
@@ -489,19 +659,27 @@ void config_load(Config *c, const char *dir) {
     /* IndexShare schedule (§1.3): indexer_types is authoritative, then index_topk_pattern, then the formula. */
     const JsonValue *it = cfg_field(&cf, "indexer_types", 0), *pat = cfg_field(&cf, "index_topk_pattern", 0);
     if (it) {
-        if (it->type != JSON_ARRAY || (int)it->n < c->n_layers) glm_fatal("%s: indexer_types must list %d layers", path, c->n_layers);
-        int l = 0;
-        for (const JsonValue *e = it->child; e && l < c->n_layers; e = e->next, l++) {
-            if (e->type != JSON_STRING || (strcmp(e->str, "full") && strcmp(e->str, "shared")))
-                glm_fatal("%s: indexer_types[%d] must be \"full\" or \"shared\"", path, l);
-            c->full_index[l] = !strcmp(e->str, "full");
+        if (it->type != JSON_ARRAY || (int)it->n < c->n_layers) cfg_fail(&cf, "%s: indexer_types must list %d layers", path, c->n_layers);
+        else {
+            int l = 0;
+            for (const JsonValue *e = it->child; e && l < c->n_layers; e = e->next, l++) {
+                if (e->type != JSON_STRING || (strcmp(e->str, "full") && strcmp(e->str, "shared"))) {
+                    cfg_fail(&cf, "%s: indexer_types[%d] must be \"full\" or \"shared\"", path, l);
+                    break;
+                }
+                c->full_index[l] = !strcmp(e->str, "full");
+            }
         }
     } else if (pat) {
-        if (pat->type != JSON_STRING || (int)pat->str_len < c->n_layers) glm_fatal("%s: index_topk_pattern must have %d letters", path, c->n_layers);
-        for (int l = 0; l < c->n_layers; l++) {
-            if (pat->str[l] != 'F' && pat->str[l] != 'S') glm_fatal("%s: index_topk_pattern letters must be F or S", path);
-            c->full_index[l] = pat->str[l] == 'F';
-        }
+        if (pat->type != JSON_STRING || pat->str_len < (size_t)c->n_layers) cfg_fail(&cf, "%s: index_topk_pattern must have %d letters", path, c->n_layers);
+        else
+            for (int l = 0; l < c->n_layers; l++) {
+                if (pat->str[l] != 'F' && pat->str[l] != 'S') {
+                    cfg_fail(&cf, "%s: index_topk_pattern letters must be F or S", path);
+                    break;
+                }
+                c->full_index[l] = pat->str[l] == 'F';
+            }
     } else {
         int freq = cfg_int(&cf, "index_topk_freq", 0, 1, 1, BIG);
         int off = cfg_int(&cf, "index_skip_topk_offset", 0, 2, 0, BIG);
@@ -510,9 +688,20 @@ void config_load(Config *c, const char *dir) {
             c->full_index[l] = (k > 0 ? k : 0) % freq == 0;
         }
     }
-    if (!c->full_index[0]) glm_fatal("%s: inconsistent config: layer 0 is \"shared\" but no earlier layer computes a selection", path);
+    if (!c->full_index[0]) cfg_fail(&cf, "%s: inconsistent config: layer 0 is \"shared\" but no earlier layer computes a selection", path);
 
     json_free(&j);
+    return cf.failed ? -1 : 0;
+}
+
+/* The CLI: reads DIR/config.json; errors are fatal. */
+void config_load(Config *c, const char *dir) {
+    char *path = path_join(dir, "config.json");
+    size_t len;
+    char *text = read_file(path, &len);
+    if (!text) glm_fatal("%s: cannot read: %s", path, strerror(errno));
+    char err[1024];
+    if (config_parse(c, text, len, path, err, sizeof err)) glm_fatal("%s", err);
     free(text);
     free(path);
 }
@@ -729,6 +918,7 @@ static int g_threads = 1;
 static float *g_row_scratch;      /* [g_threads][g_scratch_cols] */
 static int g_scratch_cols;
 static double g_bytes_read;       /* weight + cache bytes touched, for GB/s reports */
+static float *g_x_split;          /* [g_scratch_cols] MXFP4 activation order, see split_even_odd */
 
 static void scratch_init(int max_cols) {
 #ifdef _OPENMP
@@ -736,6 +926,7 @@ static void scratch_init(int max_cols) {
 #endif
     g_scratch_cols = max_cols;
     g_row_scratch = xmalloc((size_t)g_threads * (size_t)max_cols * sizeof(float));
+    g_x_split = xmalloc((size_t)max_cols * sizeof(float));
 }
 
 static int thread_id(void) {
@@ -767,7 +958,7 @@ static float row_dot(const Mat *W, int r, const float *x) {
         for (int b = 0; b * 128 < n; b++) {
             float part = 0.0f;
             int end = b * 128 + 128 < n ? b * 128 + 128 : n;
-            for (int i = b * 128; i < end; i++) part += g_fp8_table[w[i]] * x[i];
+            for (int i = b * 128; i < end; i++) part += fp8_table[w[i]] * x[i];
             sum += part * scale[b];
         }
         break;
@@ -781,7 +972,7 @@ static float row_dot(const Mat *W, int r, const float *x) {
                 uint8_t byte = w[b * 16 + i];
                 part += e2m1_value[byte & 15] * x[b * 32 + 2 * i] + e2m1_value[byte >> 4] * x[b * 32 + 2 * i + 1];
             }
-            sum += part * g_e8m0_table[scale[b]];
+            sum += part * e8m0_table[scale[b]];
         }
         break;
     }
@@ -791,6 +982,7 @@ static float row_dot(const Mat *W, int r, const float *x) {
 
 void mat_dequant_row(const Mat *W, int r, float *out) {
     const int n = W->cols;
+    if (kernels.dequant_row) { kernels.dequant_row(W, r, out); return; }
     switch (W->fmt) {
     case WF_F32: memcpy(out, (const float *)W->w + (size_t)r * n, (size_t)n * sizeof(float)); break;
     case WF_BF16: {
@@ -801,14 +993,14 @@ void mat_dequant_row(const Mat *W, int r, float *out) {
     case WF_FP8: {
         const uint8_t *w = W->w + (size_t)r * n;
         const float *scale = W->fp8_scale + (size_t)(r / 128) * ((n + 127) / 128);
-        for (int i = 0; i < n; i++) out[i] = g_fp8_table[w[i]] * scale[i / 128];
+        for (int i = 0; i < n; i++) out[i] = fp8_table[w[i]] * scale[i / 128];
         break;
     }
     case WF_MXFP4: {
         const uint8_t *w = W->w + (size_t)r * (n / 2);
         const uint8_t *scale = W->mx_scale + (size_t)r * (n / 32);
         for (int i = 0; i < n / 2; i++) {
-            float s = g_e8m0_table[scale[i / 16]];
+            float s = e8m0_table[scale[i / 16]];
             out[2 * i] = e2m1_value[w[i] & 15] * s;
             out[2 * i + 1] = e2m1_value[w[i] >> 4] * s;
         }
@@ -818,14 +1010,40 @@ void mat_dequant_row(const Mat *W, int r, float *out) {
 }
 
 static float dot(const float *a, const float *b, int n) {
+    if (kernels.dot) return kernels.dot(a, b, n);
     float s = 0.0f;
     for (int i = 0; i < n; i++) s += a[i] * b[i];
     return s;
 }
 
+static void axpy(float *y, float a, const float *x, int n) {
+    if (kernels.axpy) { kernels.axpy(y, a, x, n); return; }
+    for (int i = 0; i < n; i++) y[i] += a * x[i];
+}
+
+/* x with each 32-block reordered as its 16 even then 16 odd elements, the order
+ * of the low and high nibbles of MXFP4 bytes (for the SIMD kernel). */
+static void split_even_odd(float *xs, const float *x, int n) {
+    for (int b = 0; b < n / 32; b++)
+        for (int i = 0; i < 16; i++) { xs[32 * b + i] = x[32 * b + 2 * i]; xs[32 * b + 16 + i] = x[32 * b + 2 * i + 1]; }
+}
+
 /* y[t*ldy + i] = Σ_k x[t*ldx + k] · W[r0+i][k] for rows i in [0, nr), tokens t in [0, n). */
 static void matmul_rows(float *y, int ldy, const float *x, int ldx, const Mat *W, int r0, int nr, int n) {
     g_bytes_read += (double)W->bytes * nr / W->rows;
+    if (n == 1 && kernels.matvec) { /* each thread takes one contiguous run of rows */
+        if (W->fmt == WF_MXFP4) split_even_odd(g_x_split, x, W->cols);
+#pragma omp parallel
+        {
+            int nt = 1, id = 0;
+#ifdef _OPENMP
+            nt = omp_get_num_threads(); id = omp_get_thread_num();
+#endif
+            int per = ((nr + nt - 1) / nt + 3) & ~3, lo = id * per, hi = lo + per < nr ? lo + per : nr;
+            if (lo < hi) kernels.matvec(W, r0 + lo, hi - lo, x, g_x_split, y + lo);
+        }
+        return;
+    }
     if (n == 1) {
 #pragma omp parallel for schedule(static)
         for (int i = 0; i < nr; i++) y[i] = row_dot(W, r0 + i, x);
@@ -1070,10 +1288,7 @@ static void mla_attend_absorbed(const Model *m, const Layer *L, const KVCache *k
             }
             for (int i = 0; i < DN; i++) {
                 mat_dequant_row(&L->kv_b, h * (DN + DV) + i, row);
-                for (int t = 0; t < n; t++) {
-                    float qi = s->q[((size_t)t * NH + h) * QD + i], *qa = s->q_abs + ((size_t)t * NH + h) * AD;
-                    for (int j = 0; j < KR; j++) qa[j] += qi * row[j];
-                }
+                for (int t = 0; t < n; t++) axpy(s->q_abs + ((size_t)t * NH + h) * AD, s->q[((size_t)t * NH + h) * QD + i], row, KR);
             }
         }
     }
@@ -1095,10 +1310,7 @@ static void mla_attend_absorbed(const Model *m, const Layer *L, const KVCache *k
             for (int j = 0; j < ns; j++) { score[j] = expf(score[j] - mx); sum += score[j]; }
             float *o = s->o_lat + ((size_t)t * NH + h) * KR;
             memset(o, 0, (size_t)KR * sizeof(float));
-            for (int j = 0; j < ns; j++) {
-                const float *cj = latent + (size_t)sel[j] * AD, p = score[j] / sum;
-                for (int i = 0; i < KR; i++) o[i] += p * cj[i];
-            }
+            for (int j = 0; j < ns; j++) axpy(o, score[j] / sum, latent + (size_t)sel[j] * AD, KR);
         }
     }
     for (int t = 0; t < n; t++) g_bytes_read += (double)s->n_sel[t] * AD * sizeof(float);
@@ -1305,6 +1517,10 @@ typedef struct {
     int threads;             /* -t, 0 = OpenMP default */
     float temperature, top_p;
     uint64_t seed;
+#ifdef GLM_GPU
+    int gpu;                 /* --gpu: the forward pass runs on the GPU (glm_hip.hip) */
+    int n_gpus;              /* --gpus N: layers split across N GPUs (implies --gpu) */
+#endif
 } Args;
 
 static void usage(void) {
@@ -1313,7 +1529,11 @@ static void usage(void) {
             "commands:\n"
             "  run      -m DIR (--ids 1,2,3 | -p TEXT) [-n N] [--temp T] [--top-p P] [--seed S]\n"
             "  logits   -m DIR --ids 1,2,3 -o FILE [--decode]   write float32 logits [n][vocab]\n"
+            "  convert  IN_DIR OUT_DIR [--attn] [--all-linear]  BF16/FP8 checkpoint -> Quark MXFP4\n"
             "options: --ctx N (context length, default 4096), -t N (threads)\n");
+#ifdef GLM_GPU
+    fprintf(stderr, "         --gpu (forward pass on the GPU), --gpus N (layers split across N GPUs)\n");
+#endif
 }
 
 static long parse_long(const char *flag, const char *s, long min, long max) {
@@ -1343,6 +1563,18 @@ static void parse_args(Args *a, int argc, char **argv) {
         const char *f = argv[i];
         int has = i + 1 < argc;
         if (!strcmp(f, "--decode")) { a->decode = 1; continue; }
+#ifdef GLM_GPU
+        if (!strcmp(f, "--gpu")) { a->gpu = 1; if (!a->n_gpus) a->n_gpus = 1; continue; }
+        if (!strcmp(f, "--gpus")) {
+            if (!has) glm_fatal("%s: missing value", f);
+            a->gpu = 1;
+            a->n_gpus = (int)parse_long(f, argv[++i], 1, 64);
+            continue;
+        }
+#else
+        if (!strcmp(f, "--gpu") || !strcmp(f, "--gpus"))
+            glm_fatal("%s: this glm was built without GPU support (build it with make hip, make cuda or make emu)", f);
+#endif
         if (!strcmp(f, "-h") || !strcmp(f, "--help")) { usage(); exit(0); }
         if (f[0] != '-') glm_fatal("unexpected argument '%s'", f);
         if (!strcmp(f, "-m") || !strcmp(f, "--ids") || !strcmp(f, "-p") || !strcmp(f, "-o") || !strcmp(f, "-n") ||
@@ -1399,6 +1631,9 @@ typedef struct {
     Model model;
     KVCache kv;
     RunState state;
+#ifdef GLM_GPU
+    GpuModel *gpu;           /* --gpu: the weights and KV cache on the device(s) */
+#endif
 } Session;
 
 static void session_open(Session *S, const Args *a, int n_prompt) {
@@ -1414,17 +1649,24 @@ static void session_open(Session *S, const Args *a, int n_prompt) {
     scratch_init(max_cols(&S->model.cfg));
     kvcache_init(&S->kv, &S->model, ctx);
     runstate_init(&S->state, &S->model.cfg, ctx < 64 ? ctx : 64, ctx);
-    fprintf(stderr, "glm: %s: %d layers, %.2f GB of weights in %d shard(s), loaded in %.2f s; KV cache %d tokens x %zu bytes = %.1f MiB; %d threads\n",
+    fprintf(stderr, "glm: %s: %d layers, %.2f GB of weights in %d shard(s), loaded in %.2f s; KV cache %d tokens x %zu bytes = %.1f MiB; %d threads, %s kernels\n",
             a->model_dir, S->model.cfg.n_layers, S->model.weight_bytes / 1e9, S->model.ck.n_shards, now_s() - t0, ctx,
-            kvcache_bytes(&S->model, 1), kvcache_bytes(&S->model, ctx) / 1048576.0, g_threads);
+            kvcache_bytes(&S->model, 1), kvcache_bytes(&S->model, ctx) / 1048576.0, g_threads, kernels.name);
+#ifdef GLM_GPU
+    S->gpu = a->gpu ? gpu_load(&S->model, a->n_gpus, ctx) : NULL;
+#endif
 }
 
 static void session_close(Session *S) {
+#ifdef GLM_GPU
+    gpu_free(S->gpu);
+#endif
     runstate_free(&S->state);
     kvcache_free(&S->kv);
     model_free(&S->model);
     free(g_row_scratch);
-    g_row_scratch = NULL;
+    free(g_x_split);
+    g_row_scratch = g_x_split = NULL;
 }
 
 /* glm logits: float32 [n][V] for the whole sequence, by prefill or one token at a time. */
@@ -1439,6 +1681,14 @@ static int cmd_logits(const Args *a) {
     session_open(&S, a, n);
     const int V = S.model.cfg.vocab_size;
     float *logits = xmalloc((size_t)n * V * sizeof(float));
+#ifdef GLM_GPU
+    if (S.gpu) { /* the same calls, on the device */
+        if (a->decode)
+            for (int t = 0; t < n; t++) gpu_forward(S.gpu, ids + t, 1, logits + (size_t)t * V, 0);
+        else
+            gpu_forward(S.gpu, ids, n, logits, 1);
+    } else
+#endif
     if (a->decode)
         for (int t = 0; t < n; t++) forward(&S.model, &S.kv, &S.state, ids + t, 1, logits + (size_t)t * V, 0);
     else
@@ -1465,6 +1715,34 @@ static int is_eos(const Config *c, int id) {
     return 0;
 }
 
+#ifdef GLM_GPU
+/* glm run --gpu: cmd_run's loop with the forward pass and the sampling on the device;
+ * the random numbers come from the same generator, drawn in the same order. */
+static int cmd_run_gpu(Session *S, Sampler *sp, const int *ids, int n, int n_gen) {
+    const Config *c = &S->model.cfg;
+    double t0 = now_s();
+    gpu_forward(S->gpu, ids, n, NULL, 0);
+    int n_out = 0, next = gpu_sample(S->gpu, sp->temperature, sp->top_p, sp->temperature > 0.0f ? random_f32(sp) : 0.0f);
+    double t_prefill = now_s() - t0, t1 = now_s();
+    int pos = n;
+    while (n_out < n_gen) {
+        printf("%s%d", n_out ? " " : "", next);
+        fflush(stdout);
+        n_out++;
+        if (is_eos(c, next) || n_out == n_gen || pos >= S->kv.ctx) break;
+        gpu_forward(S->gpu, &next, 1, NULL, 0);
+        pos++;
+        next = gpu_sample(S->gpu, sp->temperature, sp->top_p, sp->temperature > 0.0f ? random_f32(sp) : 0.0f);
+    }
+    printf("\n");
+    double t_decode = now_s() - t1;
+    int n_dec = n_out > 1 ? n_out - 1 : 0;
+    fprintf(stderr, "prefill (gpu): %d tokens in %.3f s (%.2f tok/s)\n", n, t_prefill, n / t_prefill);
+    if (n_dec) fprintf(stderr, "decode (gpu): %d tokens in %.3f s (%.2f tok/s)\n", n_dec, t_decode, n_dec / t_decode);
+    return 0;
+}
+#endif
+
 /* glm run: prefill the prompt, then sample one token at a time through the cache. */
 static int cmd_run(const Args *a) {
     if (!a->ids) glm_fatal("run: --ids is required (text prompts need the tokenizer)");
@@ -1477,6 +1755,14 @@ static int cmd_run(const Args *a) {
     const Config *c = &S.model.cfg;
     Sampler sp = {a->temperature, a->top_p, a->seed * 2654435761u + 88172645463325252ull, xmalloc((size_t)c->vocab_size * sizeof(int))};
     float *logits = xmalloc((size_t)c->vocab_size * sizeof(float));
+#ifdef GLM_GPU
+    if (S.gpu) {
+        cmd_run_gpu(&S, &sp, ids, n, a->n_gen);
+        free(sp.order); free(logits); free(ids);
+        session_close(&S);
+        return 0;
+    }
+#endif
 
     double t0 = now_s();
     g_bytes_read = 0;
@@ -1510,7 +1796,11 @@ int main(int argc, char **argv) {
     if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) { usage(); return argc < 2; }
     Args a;
     const char *cmd = argv[1];
+    number_tables_init();
+    kernels_init(getenv("GLM_KERNELS")); /* GLM_KERNELS=c forces the plain C loops */
     if (!strcmp(cmd, "run")) { parse_args(&a, argc, argv); return cmd_run(&a); }
     if (!strcmp(cmd, "logits")) { parse_args(&a, argc, argv); return cmd_logits(&a); }
+    if (!strcmp(cmd, "synth")) return synth_main(argc - 1, argv + 1);
+    if (!strcmp(cmd, "convert")) return convert_main(argc - 1, argv + 1);
     glm_fatal("unknown command '%s' (see glm --help)", cmd);
 }

@@ -124,6 +124,13 @@ typedef struct {
     int *table; int table_size;   /* open-addressing hash: name -> tensor index, -1 = empty */
 } Checkpoint;
 
+/* model.safetensors.index.json, checked: the distinct shard files in order of first
+ * mention, and each weight_map entry as (tensor name, index into files). */
+typedef struct {
+    char **files; int n_files;
+    char **names; int *file_of; int n_names;
+} ShardIndex;
+
 typedef struct {
     Config cfg;
     Checkpoint ck;
@@ -156,6 +163,25 @@ void checkpoint_open(Checkpoint *ck, const char *dir);
 void checkpoint_close(Checkpoint *ck);
 const TensorInfo *checkpoint_find(const Checkpoint *ck, const char *name);
 void config_load(Config *c, const char *dir);
+/* The loader's checks as pure functions (the CLI wrappers above call them; so do the
+ * fuzz targets in fuzz/). Each returns 0, or -1 with a one-line message in err[errlen]
+ * (what the CLI prints after "glm: error: "), having freed what it allocated.
+ *   safetensors_parse_header: file[0..size) is a whole .safetensors file; on success
+ *     *tensors (malloc'd, names malloc'd, data pointing into file) holds *n tensors.
+ *   checkpoint_add_shard: the same, appended to ck as a shard that then owns map
+ *     (checkpoint_close munmaps it); ck is unchanged on failure.
+ *   checkpoint_build_table: the name table; a tensor name twice is an error.
+ *   shard_index_parse / shard_index_check: the index's weight_map; every name it
+ *     lists must be in the shard it names (after checkpoint_build_table).
+ *   config_parse: config.json text; c is usable only on success. */
+int safetensors_parse_header(const uint8_t *file, size_t size, const char *path,
+                             TensorInfo **tensors, int *n, char *err, size_t errlen);
+int checkpoint_add_shard(Checkpoint *ck, const char *path, const uint8_t *map, size_t size, char *err, size_t errlen);
+int checkpoint_build_table(Checkpoint *ck, char *err, size_t errlen);
+int shard_index_parse(ShardIndex *ix, const char *text, size_t len, const char *path, char *err, size_t errlen);
+int shard_index_check(const Checkpoint *ck, const ShardIndex *ix, const char *path, char *err, size_t errlen);
+void shard_index_free(ShardIndex *ix);
+int config_parse(Config *c, const char *text, size_t len, const char *path, char *err, size_t errlen);
 void model_load(Model *m, const char *dir);
 void model_free(Model *m);
 float bf16_to_f32(uint16_t b);
@@ -163,6 +189,37 @@ uint16_t f32_to_bf16(float f);
 extern const float e2m1_value[16];
 float e8m0_to_f32(uint8_t s);
 float fp8_e4m3_to_f32(uint8_t b);
+extern float e8m0_table[256], fp8_table[256];   /* filled by number_tables_init() */
+void number_tables_init(void);
 void mat_dequant_row(const Mat *W, int r, float *out);
+
+/* GPU forward pass (glm_hip.hip; linked only into the GLM_GPU builds: make hip | cuda | emu).
+ * gpu_load prints the plan (layers and bytes per device), stops if it does not fit,
+ * then uploads the weights; the KV cache lives on the devices. gpu_forward mirrors
+ * glm.c's forward() (logits NULL: keep the last token's logits on the device for
+ * gpu_sample, which draws with u uniform in [0, 1) from the CPU's generator). */
+typedef struct GpuModel GpuModel;
+GpuModel *gpu_load(const Model *m, int n_gpus, int ctx);
+void gpu_forward(GpuModel *g, const int *tokens, int n, float *logits, int all_logits);
+int gpu_sample(GpuModel *g, float temperature, float top_p, float u);
+void gpu_free(GpuModel *g);
+
+/* SIMD kernels (simd.c), chosen at run time; a NULL entry means the plain C loop
+ * in glm.c, which is the reference every kernel is tested against. */
+typedef struct {
+    const char *name;
+    /* y[i] = W[r0+i]·x for i < nr; x_split: x with each 32-block reordered as its 16
+     * even then its 16 odd elements (used for MXFP4) */
+    void (*matvec)(const Mat *W, int r0, int nr, const float *x, const float *x_split, float *y);
+    void (*dequant_row)(const Mat *W, int r, float *out);
+    float (*dot)(const float *a, const float *b, int n);
+    void (*axpy)(float *y, float a, const float *x, int n);   /* y += a·x */
+} Kernels;
+extern Kernels kernels;
+void kernels_init(const char *want);   /* want "c" forces the plain loops */
+
+/* Commands that live in their own files; argv[0] is the command name. */
+int synth_main(int argc, char **argv);   /* synth.c */
+int convert_main(int argc, char **argv); /* convert.c */
 
 #endif

@@ -1,0 +1,259 @@
+/* simd.c - AVX-512 versions of the hot loops of glm.c §5, chosen at run time.
+ *
+ * Each kernel computes what the plain C loop in glm.c computes (same products, same
+ * fp32 accumulation, only the summation order differs), so the plain loops stay the
+ * readable reference and tests/test_kernels.sh checks every kernel against them on
+ * random inputs, including lengths that are not multiples of the vector width.
+ *
+ * Decode is memory-bound: a matrix-vector product must turn each weight byte into
+ * a float and multiply it faster than memory delivers it. The tricks:
+ *   BF16   a bf16 is the top half of an fp32: zero-extend and shift by 16.
+ *   FP8    E4M3 -> fp32 by bit placement: sign to bit 31, the 7 magnitude bits to
+ *          bits 26..20. That float is the E4M3 value times 2^-120, subnormals
+ *          included, so one multiply by 2^120 makes it exact.
+ *   MXFP4  the 16 E2M1 values fit one 512-bit register: vpermps looks up 16 nibbles
+ *          at once. x is pre-split per 32-block into its 16 even and 16 odd
+ *          elements to match the low/high nibbles of the packed bytes.
+ * Four rows are done together so each load of x feeds four FMAs.
+ */
+#include "glm.h"
+
+#include <string.h>
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
+
+AVX512 static inline __m512 bf16x16(const uint16_t *p) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+}
+
+AVX512 static inline __m512 bf16x16_masked(const uint16_t *p, __mmask16 m) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p)), 16));
+}
+
+/* E4M3 bytes -> fp32 values times 2^-120 (see the header comment). */
+AVX512 static inline __m512 fp8x16_scaled(__m128i bytes) {
+    __m512i d = _mm512_cvtepi8_epi32(bytes);
+    return _mm512_castsi512_ps(_mm512_and_si512(_mm512_slli_epi32(d, 20), _mm512_set1_epi32((int)0x87F00000u)));
+}
+
+AVX512 static float dot_f32_avx512(const float *a, const float *b, int n) {
+    __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
+    int i = 0;
+    for (; i + 32 <= n; i += 32) {
+        s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), s0);
+        s1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16), _mm512_loadu_ps(b + i + 16), s1);
+    }
+    for (; i < n; i += 16) {
+        __mmask16 m = n - i >= 16 ? 0xFFFF : (__mmask16)((1u << (n - i)) - 1);
+        s0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i), s0);
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
+}
+
+AVX512 static void axpy_f32_avx512(float *y, float a, const float *x, int n) {
+    __m512 av = _mm512_set1_ps(a);
+    int i = 0;
+    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(y + i, _mm512_fmadd_ps(av, _mm512_loadu_ps(x + i), _mm512_loadu_ps(y + i)));
+    if (i < n) {
+        __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
+        _mm512_mask_storeu_ps(y + i, m, _mm512_fmadd_ps(av, _mm512_maskz_loadu_ps(m, x + i), _mm512_maskz_loadu_ps(m, y + i)));
+    }
+}
+
+/* y[i] = W[r0+i] · x for i in [0, nr). xs = x split per 32-block (MXFP4 only). */
+AVX512 static void matvec_avx512(const Mat *W, int r0, int nr, const float *x, const float *xs, float *y) {
+    const int n = W->cols;
+    int i = 0;
+    switch (W->fmt) {
+    case WF_F32:
+        for (; i < nr; i++) y[i] = dot_f32_avx512((const float *)W->w + (size_t)(r0 + i) * n, x, n);
+        return;
+    case WF_BF16: {
+        const int tail = n % 16;
+        const __mmask16 tm = (__mmask16)((1u << tail) - 1);
+        for (; i + 4 <= nr; i += 4) {
+            const uint16_t *w = (const uint16_t *)W->w + (size_t)(r0 + i) * n;
+            __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+            int k = 0;
+            for (; k + 32 <= n; k += 32) { /* 8 independent FMA chains hide the FMA latency */
+                __m512 xv = _mm512_loadu_ps(x + k), xw = _mm512_loadu_ps(x + k + 16);
+                a0 = _mm512_fmadd_ps(bf16x16(w + k), xv, a0);
+                a1 = _mm512_fmadd_ps(bf16x16(w + n + k), xv, a1);
+                a2 = _mm512_fmadd_ps(bf16x16(w + 2 * (size_t)n + k), xv, a2);
+                a3 = _mm512_fmadd_ps(bf16x16(w + 3 * (size_t)n + k), xv, a3);
+                b0 = _mm512_fmadd_ps(bf16x16(w + k + 16), xw, b0);
+                b1 = _mm512_fmadd_ps(bf16x16(w + n + k + 16), xw, b1);
+                b2 = _mm512_fmadd_ps(bf16x16(w + 2 * (size_t)n + k + 16), xw, b2);
+                b3 = _mm512_fmadd_ps(bf16x16(w + 3 * (size_t)n + k + 16), xw, b3);
+            }
+            a0 = _mm512_add_ps(a0, b0); a1 = _mm512_add_ps(a1, b1); a2 = _mm512_add_ps(a2, b2); a3 = _mm512_add_ps(a3, b3);
+            for (; k + 16 <= n; k += 16) {
+                __m512 xv = _mm512_loadu_ps(x + k);
+                a0 = _mm512_fmadd_ps(bf16x16(w + k), xv, a0);
+                a1 = _mm512_fmadd_ps(bf16x16(w + n + k), xv, a1);
+                a2 = _mm512_fmadd_ps(bf16x16(w + 2 * (size_t)n + k), xv, a2);
+                a3 = _mm512_fmadd_ps(bf16x16(w + 3 * (size_t)n + k), xv, a3);
+            }
+            if (tail) {
+                __m512 xv = _mm512_maskz_loadu_ps(tm, x + k);
+                a0 = _mm512_fmadd_ps(bf16x16_masked(w + k, tm), xv, a0);
+                a1 = _mm512_fmadd_ps(bf16x16_masked(w + n + k, tm), xv, a1);
+                a2 = _mm512_fmadd_ps(bf16x16_masked(w + 2 * (size_t)n + k, tm), xv, a2);
+                a3 = _mm512_fmadd_ps(bf16x16_masked(w + 3 * (size_t)n + k, tm), xv, a3);
+            }
+            y[i] = _mm512_reduce_add_ps(a0); y[i + 1] = _mm512_reduce_add_ps(a1);
+            y[i + 2] = _mm512_reduce_add_ps(a2); y[i + 3] = _mm512_reduce_add_ps(a3);
+        }
+        for (; i < nr; i++) {
+            const uint16_t *w = (const uint16_t *)W->w + (size_t)(r0 + i) * n;
+            __m512 a0 = _mm512_setzero_ps();
+            int k = 0;
+            for (; k + 16 <= n; k += 16) a0 = _mm512_fmadd_ps(bf16x16(w + k), _mm512_loadu_ps(x + k), a0);
+            if (tail) a0 = _mm512_fmadd_ps(bf16x16_masked(w + k, tm), _mm512_maskz_loadu_ps(tm, x + k), a0);
+            y[i] = _mm512_reduce_add_ps(a0);
+        }
+        return;
+    }
+    case WF_FP8: {
+        const int nb = (n + 127) / 128;
+        const __m512 two120 = _mm512_set1_ps(0x1p120f);
+        for (; i < nr; i += 4) { /* four rows (fewer at the end), two FMA chains each */
+            int rows = nr - i < 4 ? nr - i : 4;
+            const uint8_t *w[4];
+            const float *scale[4];
+            __m512 total[4];
+            for (int j = 0; j < 4; j++) {
+                int r = r0 + i + (j < rows ? j : 0); /* extra lanes redo row 0, results dropped */
+                w[j] = W->w + (size_t)r * n;
+                scale[j] = W->fp8_scale + (size_t)(r / 128) * nb;
+                total[j] = _mm512_setzero_ps();
+            }
+            for (int b = 0; b < nb; b++) {
+                __m512 a[8];
+                for (int j = 0; j < 8; j++) a[j] = _mm512_setzero_ps();
+                int end = b * 128 + 128 < n ? b * 128 + 128 : n, k = b * 128;
+                for (; k + 32 <= end; k += 32) {
+                    __m512 x0 = _mm512_loadu_ps(x + k), x1 = _mm512_loadu_ps(x + k + 16);
+                    for (int j = 0; j < 4; j++) {
+                        a[2 * j] = _mm512_fmadd_ps(fp8x16_scaled(_mm_loadu_si128((const __m128i *)(w[j] + k))), x0, a[2 * j]);
+                        a[2 * j + 1] = _mm512_fmadd_ps(fp8x16_scaled(_mm_loadu_si128((const __m128i *)(w[j] + k + 16))), x1, a[2 * j + 1]);
+                    }
+                }
+                for (; k < end; k += 16) {
+                    __mmask16 m = end - k >= 16 ? 0xFFFF : (__mmask16)((1u << (end - k)) - 1);
+                    __m512 x0 = _mm512_maskz_loadu_ps(m, x + k);
+                    for (int j = 0; j < 4; j++)
+                        a[2 * j] = _mm512_fmadd_ps(fp8x16_scaled(_mm_maskz_loadu_epi8(m, w[j] + k)), x0, a[2 * j]);
+                }
+                /* x 2^120 is exact; the subnormal-range floats above were exact too */
+                for (int j = 0; j < 4; j++)
+                    total[j] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_add_ps(a[2 * j], a[2 * j + 1]), two120), _mm512_set1_ps(scale[j][b]), total[j]);
+            }
+            for (int j = 0; j < rows; j++) y[i + j] = _mm512_reduce_add_ps(total[j]);
+        }
+        return;
+    }
+    case WF_MXFP4: {
+        const int nb = n / 32;
+        const __m512 lut = _mm512_loadu_ps(e2m1_value);
+        for (; i + 4 <= nr; i += 4) {
+            const uint8_t *w = W->w + (size_t)(r0 + i) * (n / 2);
+            const uint8_t *sc = W->mx_scale + (size_t)(r0 + i) * nb;
+            __m512 t0 = _mm512_setzero_ps(), t1 = t0, t2 = t0, t3 = t0;
+            for (int b = 0; b < nb; b++) {
+                __m512 xe = _mm512_loadu_ps(xs + 32 * b), xo = _mm512_loadu_ps(xs + 32 * b + 16);
+#define MX_ROW(j, t)                                                                                   \
+    do {                                                                                               \
+        __m512i d = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(w + (size_t)(j) * (n / 2) + 16 * b))); \
+        __m512 v = _mm512_mul_ps(_mm512_permutexvar_ps(d, lut), xe);                                   \
+        v = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(d, 4), lut), xo, v);               \
+        t = _mm512_fmadd_ps(v, _mm512_set1_ps(e8m0_table[sc[(size_t)(j) * nb + b]]), t);             \
+    } while (0)
+                MX_ROW(0, t0); MX_ROW(1, t1); MX_ROW(2, t2); MX_ROW(3, t3);
+            }
+            y[i] = _mm512_reduce_add_ps(t0); y[i + 1] = _mm512_reduce_add_ps(t1);
+            y[i + 2] = _mm512_reduce_add_ps(t2); y[i + 3] = _mm512_reduce_add_ps(t3);
+        }
+        for (; i < nr; i++) {
+            const uint8_t *w = W->w + (size_t)(r0 + i) * (n / 2);
+            const uint8_t *sc = W->mx_scale + (size_t)(r0 + i) * nb;
+            __m512 t0 = _mm512_setzero_ps();
+            for (int b = 0; b < nb; b++) {
+                __m512 xe = _mm512_loadu_ps(xs + 32 * b), xo = _mm512_loadu_ps(xs + 32 * b + 16);
+                MX_ROW(0, t0);
+            }
+#undef MX_ROW
+            y[i] = _mm512_reduce_add_ps(t0);
+        }
+        return;
+    }
+    }
+}
+
+/* out[0..cols) = row r of W as floats (the prefill path reuses it for every token). */
+AVX512 static void dequant_row_avx512(const Mat *W, int r, float *out) {
+    const int n = W->cols;
+    int k = 0;
+    switch (W->fmt) {
+    case WF_F32: memcpy(out, (const float *)W->w + (size_t)r * n, (size_t)n * sizeof(float)); return;
+    case WF_BF16: {
+        const uint16_t *w = (const uint16_t *)W->w + (size_t)r * n;
+        for (; k + 16 <= n; k += 16) _mm512_storeu_ps(out + k, bf16x16(w + k));
+        if (k < n) {
+            __mmask16 m = (__mmask16)((1u << (n - k)) - 1);
+            _mm512_mask_storeu_ps(out + k, m, bf16x16_masked(w + k, m));
+        }
+        return;
+    }
+    case WF_FP8: {
+        const uint8_t *w = W->w + (size_t)r * n;
+        const float *scale = W->fp8_scale + (size_t)(r / 128) * ((n + 127) / 128);
+        for (; k < n; k += 16) {
+            __mmask16 m = n - k >= 16 ? 0xFFFF : (__mmask16)((1u << (n - k)) - 1);
+            __m512 v = _mm512_mul_ps(fp8x16_scaled(_mm_maskz_loadu_epi8(m, w + k)), _mm512_set1_ps(0x1p120f));
+            _mm512_mask_storeu_ps(out + k, m, _mm512_mul_ps(v, _mm512_set1_ps(scale[k / 128])));
+        }
+        return;
+    }
+    case WF_MXFP4: { /* byte i holds elements 2i (low nibble) and 2i+1: interleave after the lookup */
+        const uint8_t *w = W->w + (size_t)r * (n / 2);
+        const uint8_t *sc = W->mx_scale + (size_t)r * (n / 32);
+        const __m512 lut = _mm512_loadu_ps(e2m1_value);
+        const __m512i lo_idx = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+        const __m512i hi_idx = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+        for (int b = 0; b < n / 32; b++) {
+            __m512i d = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(w + 16 * b)));
+            __m512 s = _mm512_set1_ps(e8m0_table[sc[b]]);
+            __m512 ev = _mm512_mul_ps(_mm512_permutexvar_ps(d, lut), s);
+            __m512 od = _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(d, 4), lut), s);
+            _mm512_storeu_ps(out + 32 * b, _mm512_permutex2var_ps(ev, lo_idx, od));
+            _mm512_storeu_ps(out + 32 * b + 16, _mm512_permutex2var_ps(ev, hi_idx, od));
+        }
+        return;
+    }
+    }
+}
+
+static int cpu_has_avx512(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+}
+#endif
+
+/* The kernel table glm.c calls through. NULL entries mean "use the plain C loop". */
+Kernels kernels = {"plain C", NULL, NULL, NULL, NULL};
+
+void kernels_init(const char *want) {
+    Kernels plain = {"plain C", NULL, NULL, NULL, NULL};
+    kernels = plain;
+    if (want && !strcmp(want, "c")) return;
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    if (cpu_has_avx512()) {
+        Kernels k = {"AVX-512", matvec_avx512, dequant_row_avx512, dot_f32_avx512, axpy_f32_avx512};
+        kernels = k;
+    }
+#endif
+}

@@ -26,14 +26,19 @@ static const char GLM_REGEX[] =
 
 enum { C_OTHER = 0, C_LETTER = 1, C_NUMBER = 2, C_SPACE = 3 };
 #define MAX_ID (1 << 24)   /* refuse absurd ids in hostile files */
+#if defined(__GNUC__) || defined(__clang__)
+#define PREFETCH(p) __builtin_prefetch(p)
+#else
+#define PREFETCH(p) ((void)(p))
+#endif
 
 typedef struct { int id; uint32_t off, len; unsigned char first; } Added;
 typedef struct { uint64_t key; uint32_t rank; int32_t merged; } MergeSlot;
+typedef struct { uint32_t off, len; } TokRef;
 
 struct Tokenizer {
     int n_ids;                 /* 1 + largest id */
-    uint32_t *tok_off;         /* per id: bytes in pool; tok_len 0 = no such id */
-    uint32_t *tok_len;
+    TokRef *tok;               /* per id: its bytes in pool; len 0 = no such id */
     unsigned char *pool;
     unsigned char *flags;      /* per id: 1 = added token, 2 = special */
     int max_token_bytes;
@@ -96,15 +101,15 @@ static int vocab_find(const Tokenizer *t, const unsigned char *p, size_t n) {
         if (!e) return -1;
         if ((e >> 32) == tag) {
             int id = (int)(uint32_t)e - 1;
-            if (t->tok_len[id] == n && memcmp(t->pool + t->tok_off[id], p, n) == 0) return id;
+            if (t->tok[id].len == n && memcmp(t->pool + t->tok[id].off, p, n) == 0) return id;
         }
     }
 }
 
 /* inserts id (its bytes already in the pool); returns the id already there, or -1 */
 static int vocab_insert(Tokenizer *t, int id) {
-    const unsigned char *p = t->pool + t->tok_off[id];
-    size_t n = t->tok_len[id];
+    const unsigned char *p = t->pool + t->tok[id].off;
+    size_t n = t->tok[id].len;
     uint64_t h = hash_bytes(p, n), tag = h >> 32;
     for (uint64_t i = h & t->vmask;; i = (i + 1) & t->vmask) {
         uint64_t e = t->vmap[i];
@@ -114,7 +119,7 @@ static int vocab_insert(Tokenizer *t, int id) {
         }
         if ((e >> 32) == tag) {
             int old = (int)(uint32_t)e - 1;
-            if (t->tok_len[old] == n && memcmp(t->pool + t->tok_off[old], p, n) == 0) return old;
+            if (t->tok[old].len == n && memcmp(t->pool + t->tok[old].off, p, n) == 0) return old;
         }
     }
 }
@@ -454,9 +459,9 @@ oom:
 /* ---------------------------------------------------------------- lookups */
 
 int tokenizer_token_bytes(const Tokenizer *t, int id, const char **bytes) {
-    if (id < 0 || id >= t->n_ids || !t->tok_len[id]) { *bytes = ""; return 0; }
-    *bytes = (const char *)t->pool + t->tok_off[id];
-    return (int)t->tok_len[id];
+    if (id < 0 || id >= t->n_ids || !t->tok[id].len) { *bytes = ""; return 0; }
+    *bytes = (const char *)t->pool + t->tok[id].off;
+    return (int)t->tok[id].len;
 }
 
 int tokenizer_vocab_size(const Tokenizer *t) { return t->n_ids; }
@@ -646,15 +651,14 @@ static int build(Tokenizer *t, const JsonValue *root, char *msg, size_t msglen) 
     }
     if (pool >= UINT32_MAX) { seterr(msg, msglen, "vocabulary too large"); return -1; }
     t->n_ids = max_id + 1;
-    t->tok_off = calloc((size_t)t->n_ids, sizeof *t->tok_off);
-    t->tok_len = calloc((size_t)t->n_ids, sizeof *t->tok_len);
+    t->tok = calloc((size_t)t->n_ids, sizeof *t->tok);
     t->flags = calloc((size_t)t->n_ids, 1);
     t->pool = malloc(pool + 1);
     t->vmask = table_size(vocab->n) - 1;
     t->vmap = calloc(t->vmask + 1, sizeof *t->vmap);
     t->added = calloc((size_t)n_added + 1, sizeof *t->added);
     t->cls = calloc(0x110000, 1);
-    if (!t->tok_off || !t->tok_len || !t->flags || !t->pool || !t->vmap || !t->added || !t->cls) {
+    if (!t->tok || !t->flags || !t->pool || !t->vmap || !t->added || !t->cls) {
         seterr(msg, msglen, "out of memory");
         return -1;
     }
@@ -669,9 +673,8 @@ static int build(Tokenizer *t, const JsonValue *root, char *msg, size_t msglen) 
         int id = (int)v->u64;
         long n = unbyte(inv, v->key, v->key_len, t->pool + used);
         if (n <= 0) { seterr(msg, msglen, "vocab entry %d is empty or not in the byte-level alphabet", id); return -1; }
-        if (t->tok_len[id]) { seterr(msg, msglen, "vocab id %d used twice", id); return -1; }
-        t->tok_off[id] = used;
-        t->tok_len[id] = (uint32_t)n;
+        if (t->tok[id].len) { seterr(msg, msglen, "vocab id %d used twice", id); return -1; }
+        t->tok[id] = (TokRef){used, (uint32_t)n};
         used += (uint32_t)n;
         if (n > t->max_token_bytes) t->max_token_bytes = (int)n;
         if (vocab_insert(t, id) >= 0) { seterr(msg, msglen, "vocab entry %d is a duplicate", id); return -1; }
@@ -687,7 +690,10 @@ static int build(Tokenizer *t, const JsonValue *root, char *msg, size_t msglen) 
     unsigned char *buf = malloc(4 * (size_t)t->max_token_bytes + 8);   /* a byte-level side is <= 2x its raw bytes */
     if (!t->merges || !buf) { free(buf); seterr(msg, msglen, "out of memory"); return -1; }
     for (uint64_t i = 0; i <= t->mmask; i++) t->merges[i].key = UINT64_MAX;
+    enum { PIPE = 16 };
+    MergeSlot pending[PIPE];
     uint32_t rank = 0;
+    int guess = 0;
     for (const JsonValue *m = merges->child; m; m = m->next, rank++) {
         const char *a = NULL, *b = NULL;
         size_t na = 0, nb = 0;
@@ -708,9 +714,24 @@ static int build(Tokenizer *t, const JsonValue *root, char *msg, size_t msglen) 
         }
         int ia = la > 0 ? vocab_find(t, buf, (size_t)la) : -1;
         int ib = lb > 0 ? vocab_find(t, buf + la, (size_t)lb) : -1;
-        int im = ia >= 0 && ib >= 0 ? vocab_find(t, buf, (size_t)(la + lb)) : -1;
+        int im = -1;
+        /* files made by the tiktoken converter (GLM, Llama-3) list merges in the order of the
+         * merged token's id: try the last one and its successor before hashing */
+        for (int g = guess; im < 0 && g <= guess + 1 && g < t->n_ids; g++)
+            if (t->tok[g].len == (uint32_t)(la + lb) && memcmp(t->pool + t->tok[g].off, buf, (size_t)(la + lb)) == 0) im = g;
+        if (im < 0 && ia >= 0 && ib >= 0) im = vocab_find(t, buf, (size_t)(la + lb));
+        if (im >= 0) guess = im;
         if (im < 0) { free(buf); seterr(msg, msglen, "merge %u is malformed or not in the vocabulary", rank); return -1; }
-        merge_insert(t, ia, ib, rank, im);
+        /* the insert is delayed by PIPE merges and its slot prefetched now: the table is
+         * 16 MB, and waiting for each random slot would double the load time */
+        MergeSlot *q = &pending[rank % PIPE];
+        if (rank >= PIPE) merge_insert(t, (int)(q->key >> 32), (int)(uint32_t)q->key, q->rank, q->merged);
+        *q = (MergeSlot){(uint64_t)(uint32_t)ia << 32 | (uint32_t)ib, rank, im};
+        PREFETCH(&t->merges[hash_pair(q->key) & t->mmask]);
+    }
+    for (uint32_t r = rank > PIPE ? rank - PIPE : 0; r < rank; r++) {   /* in order: a later duplicate wins */
+        const MergeSlot *q = &pending[r % PIPE];
+        merge_insert(t, (int)(q->key >> 32), (int)(uint32_t)q->key, q->rank, q->merged);
     }
     free(buf);
 
@@ -721,8 +742,7 @@ static int build(Tokenizer *t, const JsonValue *root, char *msg, size_t msglen) 
         int id = (int)json_get(a, "id")->u64;
         memcpy(t->pool + used, c->str, c->str_len);
         t->added[k] = (Added){id, used, (uint32_t)c->str_len, (unsigned char)c->str[0]};
-        t->tok_off[id] = used;
-        t->tok_len[id] = (uint32_t)c->str_len;
+        t->tok[id] = (TokRef){used, (uint32_t)c->str_len};
         t->flags[id] = 1 | (is_false(json_get(a, "special")) ? 0 : 2);
         used += (uint32_t)c->str_len;
         if ((int)c->str_len > t->max_token_bytes) t->max_token_bytes = (int)c->str_len;
@@ -768,7 +788,7 @@ Tokenizer *tokenizer_load(const char *path, char *err, size_t errlen) {
 
 void tokenizer_free(Tokenizer *t) {
     if (!t) return;
-    free(t->tok_off); free(t->tok_len); free(t->pool); free(t->flags); free(t->vmap);
+    free(t->tok); free(t->pool); free(t->flags); free(t->vmap);
     free(t->merges); free(t->added); free(t->cls);
     free(t);
 }

@@ -3,8 +3,8 @@ CC      ?= cc
 CFLAGS  ?= -O2
 WARN     = -std=c11 -Wall -Wextra
 OMP     ?= -fopenmp
-SRC      = glm.c json.c synth.c simd.c convert.c
-HDR      = glm.h json.h
+SRC      = glm.c json.c synth.c simd.c convert.c tokenizer.c
+HDR      = glm.h json.h tokenizer.h tokenizer_unicode.h
 
 glm: $(SRC) $(HDR)
 	$(CC) $(WARN) $(CFLAGS) $(OMP) -o $@ $(SRC) -lm

@@ -18,6 +18,7 @@
 #define _GNU_SOURCE
 #include "glm.h"
 #include "json.h"
+#include "tokenizer.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -1031,9 +1032,11 @@ static void split_even_odd(float *xs, const float *x, int n) {
 /* y[t*ldy + i] = Σ_k x[t*ldx + k] · W[r0+i][k] for rows i in [0, nr), tokens t in [0, n). */
 static void matmul_rows(float *y, int ldy, const float *x, int ldx, const Mat *W, int r0, int nr, int n) {
     g_bytes_read += (double)W->bytes * nr / W->rows;
+    /* threads only pay off when there is real work: a tiny product runs on one */
+    const int parallel = (double)nr * W->cols * (n < 8 ? n : 8) > 65536;
     if (n == 1 && kernels.matvec) { /* each thread takes one contiguous run of rows */
         if (W->fmt == WF_MXFP4) split_even_odd(g_x_split, x, W->cols);
-#pragma omp parallel
+#pragma omp parallel if (parallel)
         {
             int nt = 1, id = 0;
 #ifdef _OPENMP
@@ -1045,11 +1048,11 @@ static void matmul_rows(float *y, int ldy, const float *x, int ldx, const Mat *W
         return;
     }
     if (n == 1) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (parallel)
         for (int i = 0; i < nr; i++) y[i] = row_dot(W, r0 + i, x);
         return;
     }
-#pragma omp parallel
+#pragma omp parallel if (parallel)
     {
         float *row = g_row_scratch + (size_t)thread_id() * g_scratch_cols;
 #pragma omp for schedule(static)
@@ -1511,6 +1514,10 @@ typedef struct {
     const char *ids;         /* --ids 1,2,3 */
     const char *prompt;      /* -p TEXT */
     const char *out;         /* -o FILE */
+    const char *tokenizer;   /* --tokenizer FILE, default DIR/tokenizer.json */
+    const char *system;      /* chat: --system TEXT */
+    const char *effort;      /* chat: --effort max|high|none */
+    int no_think;            /* chat: --no-think */
     int n_gen;               /* -n */
     int ctx;                 /* --ctx, 0 = default */
     int decode;              /* --decode: logits one token at a time */
@@ -1528,9 +1535,14 @@ static void usage(void) {
             "usage: glm COMMAND [options]\n"
             "commands:\n"
             "  run      -m DIR (--ids 1,2,3 | -p TEXT) [-n N] [--temp T] [--top-p P] [--seed S]\n"
+            "           -p is raw text: write the chat markup yourself, e.g. \"[gMASK]<sop><|user|>Hi<|assistant|><think>\"\n"
+            "  chat     -m DIR [--system TEXT] [--no-think] [--effort max|high|none]   multi-turn chat on stdin\n"
             "  logits   -m DIR --ids 1,2,3 -o FILE [--decode]   write float32 logits [n][vocab]\n"
+            "  tokenize -m DIR \"text\" | --decode -m DIR 1,2,3 | -m DIR --jsonl   (see glm tokenize --help)\n"
+            "  synth    OUT_DIR [--layers N] [--experts E] [--format mxfp4|bf16]   random real-width checkpoint\n"
             "  convert  IN_DIR OUT_DIR [--attn] [--all-linear]  BF16/FP8 checkpoint -> Quark MXFP4\n"
-            "options: --ctx N (context length, default 4096), -t N (threads)\n");
+            "options: --ctx N (context length, default 4096), -t N (threads), --tokenizer FILE (default DIR/tokenizer.json)\n"
+            "sampling: --temp 0 is greedy; defaults --temp 1 --top-p 0.95 (GLM-5.2 generation_config)\n");
 #ifdef GLM_GPU
     fprintf(stderr, "         --gpu (forward pass on the GPU), --gpus N (layers split across N GPUs)\n");
 #endif
@@ -1563,6 +1575,7 @@ static void parse_args(Args *a, int argc, char **argv) {
         const char *f = argv[i];
         int has = i + 1 < argc;
         if (!strcmp(f, "--decode")) { a->decode = 1; continue; }
+        if (!strcmp(f, "--no-think")) { a->no_think = 1; continue; }
 #ifdef GLM_GPU
         if (!strcmp(f, "--gpu")) { a->gpu = 1; if (!a->n_gpus) a->n_gpus = 1; continue; }
         if (!strcmp(f, "--gpus")) {
@@ -1578,13 +1591,20 @@ static void parse_args(Args *a, int argc, char **argv) {
         if (!strcmp(f, "-h") || !strcmp(f, "--help")) { usage(); exit(0); }
         if (f[0] != '-') glm_fatal("unexpected argument '%s'", f);
         if (!strcmp(f, "-m") || !strcmp(f, "--ids") || !strcmp(f, "-p") || !strcmp(f, "-o") || !strcmp(f, "-n") ||
-            !strcmp(f, "--ctx") || !strcmp(f, "-t") || !strcmp(f, "--temp") || !strcmp(f, "--top-p") || !strcmp(f, "--seed")) {
+            !strcmp(f, "--ctx") || !strcmp(f, "-t") || !strcmp(f, "--temp") || !strcmp(f, "--top-p") || !strcmp(f, "--seed") ||
+            !strcmp(f, "--tokenizer") || !strcmp(f, "--system") || !strcmp(f, "--effort")) {
             if (!has) glm_fatal("%s: missing value", f);
             const char *v = argv[++i];
             if (!strcmp(f, "-m")) a->model_dir = v;
             else if (!strcmp(f, "--ids")) a->ids = v;
             else if (!strcmp(f, "-p")) a->prompt = v;
             else if (!strcmp(f, "-o")) a->out = v;
+            else if (!strcmp(f, "--tokenizer")) a->tokenizer = v;
+            else if (!strcmp(f, "--system")) a->system = v;
+            else if (!strcmp(f, "--effort")) {
+                if (strcmp(v, "max") && strcmp(v, "high") && strcmp(v, "none")) glm_fatal("--effort %s: expected max, high or none", v);
+                a->effort = v;
+            }
             else if (!strcmp(f, "-n")) a->n_gen = (int)parse_long(f, v, 0, 1 << 24);
             else if (!strcmp(f, "--ctx")) a->ctx = (int)parse_long(f, v, 1, 1 << 24);
             else if (!strcmp(f, "-t")) a->threads = (int)parse_long(f, v, 1, 1024);
@@ -1710,6 +1730,42 @@ static int cmd_logits(const Args *a) {
     return 0;
 }
 
+/* Text prompts must be valid UTF-8: the tokenizer would accept any bytes, but a
+ * user who passed a Latin-1 file wants to be told. Returns the offset of the first
+ * bad byte, or -1. */
+static long utf8_invalid_at(const char *s, size_t n) {
+    const unsigned char *p = (const unsigned char *)s;
+    for (size_t i = 0; i < n;) {
+        unsigned c = p[i], len = c < 0x80 ? 1 : (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 0;
+        if (!len || i + len > n) return (long)i;
+        unsigned cp = len == 1 ? c : c & (0x7F >> len);
+        for (unsigned k = 1; k < len; k++) {
+            if ((p[i + k] & 0xC0) != 0x80) return (long)i;
+            cp = (cp << 6) | (p[i + k] & 0x3F);
+        }
+        static const unsigned min_cp[5] = {0, 0, 0x80, 0x800, 0x10000};
+        if (cp < min_cp[len] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return (long)i;
+        i += len;
+    }
+    return -1;
+}
+
+static Tokenizer *load_tokenizer(const Args *a) {
+    char *path = a->tokenizer ? xstrdup(a->tokenizer) : path_join(a->model_dir, "tokenizer.json");
+    char err[512];
+    Tokenizer *t = tokenizer_load(path, err, sizeof err);
+    if (!t) glm_fatal("%s", err);
+    free(path);
+    return t;
+}
+
+/* Prints a token as text as soon as it completes a UTF-8 character. */
+static void print_token(const Tokenizer *tok, TokenizerStream *ts, char *buf, size_t cap, int id) {
+    size_t n = tokenizer_stream_push(ts, tok, id, buf, cap);
+    fwrite(buf, 1, n, stdout);
+    fflush(stdout);
+}
+
 static int is_eos(const Config *c, int id) {
     for (int i = 0; i < c->n_eos; i++) if (c->eos[i] == id) return 1;
     return 0;
@@ -1743,51 +1799,156 @@ static int cmd_run_gpu(Session *S, Sampler *sp, const int *ids, int n, int n_gen
 }
 #endif
 
+/* Samples and prints up to n_gen tokens after the prefill that produced `logits`;
+ * each one goes through the cache. Returns the count; the ids land in out[]. */
+typedef struct { double t_decode; int n_forward; double bytes; } DecodeStats;
+
+static int generate(Session *S, Sampler *sp, float *logits, int n_gen, const Tokenizer *tok, int *out, DecodeStats *st) {
+    const Config *c = &S->model.cfg;
+    TokenizerStream ts;
+    size_t cap = tok ? tokenizer_stream_out_max(tok) : 0;
+    char *buf = tok ? xmalloc(cap) : NULL;
+    if (tok) tokenizer_stream_init(&ts);
+    double t1 = now_s();
+    g_bytes_read = 0;
+    int n = 0, next = sample(sp, logits, c->vocab_size);
+    st->n_forward = 0;
+    while (n < n_gen) {
+        out[n++] = next;
+        if (tok) { if (!is_eos(c, next)) print_token(tok, &ts, buf, cap, next); }
+        else { printf("%s%d", n > 1 ? " " : "", next); fflush(stdout); }
+        if (is_eos(c, next) || n == n_gen) break;
+        if (S->kv.pos >= S->kv.ctx) { fprintf(stderr, "\nglm: context full (%d tokens)\n", S->kv.ctx); break; }
+        forward(&S->model, &S->kv, &S->state, &next, 1, logits, 0);
+        st->n_forward++;
+        next = sample(sp, logits, c->vocab_size);
+    }
+    if (tok) { size_t m = tokenizer_stream_flush(&ts, buf, cap); fwrite(buf, 1, m, stdout); free(buf); }
+    st->t_decode = now_s() - t1;
+    st->bytes = g_bytes_read;
+    return n;
+}
+
+static void print_speed(int n_prompt, double t_prefill, const DecodeStats *st) {
+    fprintf(stderr, "prefill: %d tokens in %.3f s (%.2f tok/s)\n", n_prompt, t_prefill, n_prompt / t_prefill);
+    if (st->n_forward)
+        fprintf(stderr, "decode: %d tokens in %.3f s (%.2f tok/s), %.3f GB read per token, %.2f GB/s\n", st->n_forward, st->t_decode,
+                st->n_forward / st->t_decode, st->bytes / st->n_forward / 1e9, st->bytes / st->t_decode / 1e9);
+}
+
 /* glm run: prefill the prompt, then sample one token at a time through the cache. */
 static int cmd_run(const Args *a) {
-    if (!a->ids) glm_fatal("run: --ids is required (text prompts need the tokenizer)");
+    if (!a->ids == !a->prompt) glm_fatal("run: give the prompt as --ids 1,2,3 or as -p TEXT");
     Config probe;
     config_load(&probe, a->model_dir);
-    int n;
-    int *ids = parse_ids(a->ids, probe.vocab_size, &n);
+    Tokenizer *tok = NULL;
+    int n, *ids;
+    if (a->prompt) {
+        long bad = utf8_invalid_at(a->prompt, strlen(a->prompt));
+        if (bad >= 0) glm_fatal("-p: the prompt is not valid UTF-8 (byte %ld)", bad);
+        tok = load_tokenizer(a);
+        char err[256];
+        n = tokenizer_encode(tok, a->prompt, strlen(a->prompt), &ids, err, sizeof err);
+        if (n < 0) glm_fatal("-p: %s", err);
+        if (n == 0) glm_fatal("-p: the prompt is empty");
+        for (int i = 0; i < n; i++)
+            if (ids[i] >= probe.vocab_size) glm_fatal("--tokenizer: token id %d is outside the model's vocab_size %d", ids[i], probe.vocab_size);
+    } else {
+        ids = parse_ids(a->ids, probe.vocab_size, &n);
+    }
     Session S;
     session_open(&S, a, n);
     const Config *c = &S.model.cfg;
     Sampler sp = {a->temperature, a->top_p, a->seed * 2654435761u + 88172645463325252ull, xmalloc((size_t)c->vocab_size * sizeof(int))};
     float *logits = xmalloc((size_t)c->vocab_size * sizeof(float));
-#ifdef GLM_GPU
-    if (S.gpu) {
-        cmd_run_gpu(&S, &sp, ids, n, a->n_gen);
-        free(sp.order); free(logits); free(ids);
-        session_close(&S);
-        return 0;
-    }
-#endif
+    int *out = xmalloc((size_t)(a->n_gen + 1) * sizeof(int));
 
     double t0 = now_s();
-    g_bytes_read = 0;
     forward(&S.model, &S.kv, &S.state, ids, n, logits, 0);
     double t_prefill = now_s() - t0;
-
-    int n_out = 0, next = sample(&sp, logits, c->vocab_size);
-    double t1 = now_s();
-    g_bytes_read = 0;
-    while (n_out < a->n_gen) {
-        printf("%s%d", n_out ? " " : "", next);
-        fflush(stdout);
-        n_out++;
-        if (is_eos(c, next) || n_out == a->n_gen || S.kv.pos >= S.kv.ctx) break;
-        forward(&S.model, &S.kv, &S.state, &next, 1, logits, 0);
-        next = sample(&sp, logits, c->vocab_size);
-    }
+    DecodeStats st;
+    generate(&S, &sp, logits, a->n_gen, tok, out, &st);
     printf("\n");
-    double t_decode = now_s() - t1;
-    int n_dec = n_out > 1 ? n_out - 1 : 0; /* forward passes after the prefill */
-    fprintf(stderr, "prefill: %d tokens in %.3f s (%.2f tok/s)\n", n, t_prefill, n / t_prefill);
-    if (n_dec)
-        fprintf(stderr, "decode: %d tokens in %.3f s (%.2f tok/s), %.3f GB read per token, %.2f GB/s\n", n_dec, t_decode,
-                n_dec / t_decode, g_bytes_read / n_dec / 1e9, g_bytes_read / t_decode / 1e9);
-    free(sp.order); free(logits); free(ids);
+    print_speed(n, t_prefill, &st);
+    free(sp.order); free(logits); free(ids); free(out);
+    if (tok) tokenizer_free(tok);
+    session_close(&S);
+    return 0;
+}
+
+/* glm chat: a multi-turn loop on stdin. The whole conversation is rendered again
+ * each turn, but only the tokens after the longest prefix already in the KV cache
+ * are run: earlier turns are never re-read. */
+static int cmd_chat(const Args *a) {
+    Tokenizer *tok = load_tokenizer(a);
+    Session S;
+    session_open(&S, a, 0);
+    const Config *c = &S.model.cfg;
+    Sampler sp = {a->temperature, a->top_p, a->seed * 2654435761u + 88172645463325252ull, xmalloc((size_t)c->vocab_size * sizeof(int))};
+    float *logits = xmalloc((size_t)c->vocab_size * sizeof(float));
+    ChatOptions opt;
+    tokenizer_chat_defaults(&opt);
+    opt.thinking = !a->no_think;
+    if (a->effort) opt.effort = !strcmp(a->effort, "none") ? NULL : !strcmp(a->effort, "high") ? "High" : "Max";
+
+    int cap_msgs = 16, n_msgs = 0;
+    ChatMessage *msgs = xmalloc((size_t)cap_msgs * sizeof *msgs);
+    if (a->system) msgs[n_msgs++] = (ChatMessage){"system", xstrdup(a->system), NULL};
+    int *cached = xmalloc((size_t)S.kv.ctx * sizeof(int)), n_cached = 0; /* the ids in the KV cache */
+    int *out = xmalloc((size_t)(S.kv.ctx + 1) * sizeof(int));
+    char *line = NULL;
+    size_t line_cap = 0;
+    int tty = isatty(0);
+    for (;;) {
+        if (tty) { fprintf(stderr, "\n> "); fflush(stderr); }
+        ssize_t len = getline(&line, &line_cap, stdin);
+        if (len < 0) break;
+        while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r')) line[--len] = 0;
+        if (!len) continue;
+        long bad = utf8_invalid_at(line, (size_t)len);
+        if (bad >= 0) glm_fatal("chat: input line is not valid UTF-8 (byte %ld)", bad);
+        if (n_msgs + 2 > cap_msgs) { cap_msgs *= 2; msgs = realloc(msgs, (size_t)cap_msgs * sizeof *msgs); if (!msgs) glm_fatal("out of memory"); }
+        msgs[n_msgs++] = (ChatMessage){"user", xstrdup(line), NULL};
+
+        int *ids, n;
+        char err[256];
+        n = tokenizer_render_chat(tok, msgs, n_msgs, &opt, 1, &ids, err, sizeof err);
+        if (n < 0) glm_fatal("chat: %s", err);
+        if (n >= S.kv.ctx) glm_fatal("--ctx %d: the conversation (%d tokens) no longer fits the context", S.kv.ctx, n);
+        int keep = 0; /* reuse the cached prefix; the cache is rewound to it */
+        while (keep < n_cached && keep < n - 1 && cached[keep] == ids[keep]) keep++;
+        S.kv.pos = keep;
+        double t0 = now_s();
+        forward(&S.model, &S.kv, &S.state, ids + keep, n - keep, logits, 0);
+        double t_prefill = now_s() - t0;
+        memcpy(cached, ids, (size_t)n * sizeof(int));
+        n_cached = n;
+
+        DecodeStats st;
+        int room = S.kv.ctx - n, m = generate(&S, &sp, logits, a->n_gen < room ? a->n_gen : room, tok, out, &st);
+        printf("\n");
+        fflush(stdout);
+        memcpy(cached + n_cached, out, (size_t)m * sizeof(int));
+        n_cached += m < room ? m : room;
+        print_speed(n - keep, t_prefill, &st);
+
+        /* the reply as history: reasoning before </think>, the answer after it */
+        int n_reply = m > 0 && is_eos(c, out[m - 1]) ? m - 1 : m;
+        char *text = tokenizer_decode(tok, out, n_reply, 0, NULL);
+        if (!text) glm_fatal("out of memory");
+        char *end_think = strstr(text, "</think>"), *reasoning = NULL, *content = text;
+        if (end_think && opt.thinking) {
+            *end_think = 0;
+            reasoning = xstrdup(text);
+            content = end_think + strlen("</think>");
+        }
+        msgs[n_msgs++] = (ChatMessage){"assistant", xstrdup(content), reasoning};
+        free(text);
+        free(ids);
+    }
+    for (int i = 0; i < n_msgs; i++) { free((void *)msgs[i].content); free((void *)msgs[i].reasoning); }
+    free(msgs); free(cached); free(out); free(line); free(sp.order); free(logits);
+    tokenizer_free(tok);
     session_close(&S);
     return 0;
 }
@@ -1800,6 +1961,8 @@ int main(int argc, char **argv) {
     kernels_init(getenv("GLM_KERNELS")); /* GLM_KERNELS=c forces the plain C loops */
     if (!strcmp(cmd, "run")) { parse_args(&a, argc, argv); return cmd_run(&a); }
     if (!strcmp(cmd, "logits")) { parse_args(&a, argc, argv); return cmd_logits(&a); }
+    if (!strcmp(cmd, "chat")) { parse_args(&a, argc, argv); return cmd_chat(&a); }
+    if (!strcmp(cmd, "tokenize")) return tokenize_main(argc - 1, argv + 1);
     if (!strcmp(cmd, "synth")) return synth_main(argc - 1, argv + 1);
     if (!strcmp(cmd, "convert")) return convert_main(argc - 1, argv + 1);
     glm_fatal("unknown command '%s' (see glm --help)", cmd);

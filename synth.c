@@ -163,12 +163,13 @@ static void write_shard(const char *dir, const char *file, SynthTensor *t, int n
 }
 
 int synth_main(int argc, char **argv) {
-    const char *out = NULL, *format = "mxfp4";
-    int layers = 2, experts = 256, dense_layers = 1, ctx = 1048576;
+    const char *out = NULL, *format = "mxfp4", *tokenizer = NULL;
+    int layers = 2, experts = 256, dense_layers = 1, ctx = 1048576, tiny = 0;
     uint64_t seed = 1;
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i];
         if (f[0] != '-') { if (out) glm_fatal("synth: unexpected argument '%s'", f); out = f; continue; }
+        if (!strcmp(f, "--tiny")) { tiny = 1; continue; }
         if (i + 1 >= argc) glm_fatal("%s: missing value", f);
         const char *v = argv[++i];
         char *end;
@@ -178,16 +179,23 @@ int synth_main(int argc, char **argv) {
         else if (!strcmp(f, "--experts")) { if (bad || x < 8 || x > 256) glm_fatal("--experts %s: expected 8..256", v); experts = (int)x; }
         else if (!strcmp(f, "--dense")) { if (bad || x < 0) glm_fatal("--dense %s: expected a count of dense layers", v); dense_layers = (int)x; }
         else if (!strcmp(f, "--seed")) { if (bad) glm_fatal("--seed %s: expected an integer", v); seed = (uint64_t)x; }
+        else if (!strcmp(f, "--tokenizer")) tokenizer = v;
         else if (!strcmp(f, "--format")) { if (strcmp(v, "mxfp4") && strcmp(v, "bf16")) glm_fatal("--format %s: expected mxfp4 or bf16", v); format = v; }
         else glm_fatal("synth: unknown flag %s", f);
     }
-    if (!out) glm_fatal("synth: usage: glm synth OUT_DIR [--layers N] [--experts E] [--dense K] [--format mxfp4|bf16] [--seed S]");
+    if (!out) glm_fatal("synth: usage: glm synth OUT_DIR [--layers N] [--experts E] [--dense K] [--format mxfp4|bf16] [--seed S] [--tiny] [--tokenizer FILE]");
     if (dense_layers > layers) dense_layers = layers;
     if (mkdir(out, 0755) != 0 && errno != EEXIST) glm_fatal("%s: cannot create: %s", out, strerror(errno));
 
-    /* GLM-5.2 widths (GLM5-ARCHITECTURE.md §1.1) */
-    const int H = 6144, NH = 64, QR = 2048, KR = 512, DN = 192, DR = 64, DV = 256, IH = 32, ID = 128;
-    const int FI = 2048, FD = 12288, V = 154880;
+    /* GLM-5.2 widths (GLM5-ARCHITECTURE.md §1.1); --tiny keeps only the real vocabulary
+     * (for `make demo`: the whole pipeline, tokenizer included, in a few MB) */
+    int H = 6144, NH = 64, QR = 2048, KR = 512, DN = 192, DR = 64, DV = 256, IH = 32, ID = 128;
+    int FI = 2048, FD = 12288, V = 154880, TOPK = 2048;
+    if (tiny) {
+        H = 256; NH = 4; QR = 128; KR = 64; DN = 32; DR = 16; DV = 32; IH = 4; ID = 32;
+        FI = 128; FD = 512; TOPK = 64;
+        if (experts == 256) experts = 16;
+    }
     int mx = !strcmp(format, "mxfp4");
     WeightFormat expert_fmt = mx ? WF_MXFP4 : WF_BF16, io_fmt = mx ? WF_FP8 : WF_BF16;
 
@@ -250,10 +258,10 @@ int synth_main(int argc, char **argv) {
                "  \"intermediate_size\": %d,\n  \"first_k_dense_replace\": %d,\n  \"n_routed_experts\": %d,\n  \"num_experts_per_tok\": 8,\n"
                "  \"n_shared_experts\": 1,\n  \"moe_intermediate_size\": %d,\n  \"scoring_func\": \"sigmoid\",\n  \"topk_method\": \"noaux_tc\",\n"
                "  \"n_group\": 1,\n  \"topk_group\": 1,\n  \"norm_topk_prob\": true,\n  \"routed_scaling_factor\": 2.5,\n"
-               "  \"index_topk\": 2048,\n  \"index_n_heads\": %d,\n  \"index_head_dim\": %d,\n  \"index_topk_freq\": 1,\n"
+               "  \"index_topk\": %d,\n  \"index_n_heads\": %d,\n  \"index_head_dim\": %d,\n  \"index_topk_freq\": 1,\n"
                "  \"tie_word_embeddings\": false,\n  \"attention_bias\": false,\n  \"eos_token_id\": [154820, 154827, 154829],\n"
                "  \"pad_token_id\": 154820\n}\n",
-            V, H, layers, NH, NH, QR, KR, DN, DR, DN + DR, DV, ctx, FD, dense_layers, experts, FI, IH, ID);
+            V, H, layers, NH, NH, QR, KR, DN, DR, DN + DR, DV, ctx, FD, dense_layers, experts, FI, TOPK, IH, ID);
     if (fclose(f) != 0) glm_fatal("%s: write failed", path);
 
     /* one shard for embed/norm/head, one per layer, plus the index */
@@ -278,6 +286,18 @@ int synth_main(int argc, char **argv) {
     fprintf(ix, "\n  }\n}\n");
     if (fclose(ix) != 0) glm_fatal("%s: write failed", path);
     free(lay);
+    if (tokenizer) { /* copy the tokenizer so the folder is a complete model */
+        snprintf(path, sizeof path, "%s/tokenizer.json", out);
+        FILE *in = fopen(tokenizer, "rb"), *o = in ? fopen(path, "wb") : NULL;
+        if (!in) glm_fatal("--tokenizer %s: cannot open: %s", tokenizer, strerror(errno));
+        if (!o) glm_fatal("%s: cannot create: %s", path, strerror(errno));
+        char buf[1 << 16];
+        size_t r;
+        while ((r = fread(buf, 1, sizeof buf, in)) > 0)
+            if (fwrite(buf, 1, r, o) != r) glm_fatal("%s: write failed", path);
+        fclose(in);
+        if (fclose(o) != 0) glm_fatal("%s: write failed", path);
+    }
     double dt = now_s() - t0;
     fprintf(stderr, "synth: wrote %s: %d layers, %d experts, %s, %.2f GB in %.1f s (%.2f GB/s)\n", out, layers, experts, format,
             total / 1e9, dt, total / 1e9 / dt);

@@ -16,6 +16,14 @@ glm_asan: $(SRC) $(HDR)
 test: glm
 	./test.sh
 
+# A random model with GLM-5.2's real vocabulary and tokenizer, a few MB: the whole
+# pipeline (tokenizer, chat template, forward pass, sampling) runs; the text is noise.
+TOKENIZER_JSON ?= ../shared/data/glm-5.2-tokenizer/tokenizer.json
+demo: glm
+	@test -f $(TOKENIZER_JSON) || { echo "make demo: $(TOKENIZER_JSON) not found (set TOKENIZER_JSON=path/to/tokenizer.json)"; exit 1; }
+	./glm synth demo_model --tiny --tokenizer $(TOKENIZER_JSON)
+	printf 'Hello! Who are you?\nWhat is 2+2?\n' | ./glm chat -m demo_model -n 24 --seed 1
+
 test-asan: glm_asan
 	GLM=./glm_asan SAN=1 ./test.sh
 
@@ -91,4 +99,11 @@ clean:
 	rm -rf build/hip build/cuda build/emu32 build/emu64
 	rm -rf fuzz/bin
 
-.PHONY: test test-asan clean fuzz hip cuda emu
+# The benchmark of issue 6: a 2-layer checkpoint with GLM-5.2's widths (layer 0 dense,
+# layer 1 with 64 MXFP4 experts + shared expert, BF16 attention, 8-bit embed/lm_head).
+BENCH_DIR ?= bench_model
+bench: glm
+	test -f $(BENCH_DIR)/config.json || ./glm synth $(BENCH_DIR) --layers 2 --experts 64
+	./glm bench -m $(BENCH_DIR)
+
+.PHONY: test test-asan clean demo bench fuzz hip cuda emu

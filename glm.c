@@ -919,6 +919,7 @@ static int g_threads = 1;
 static float *g_row_scratch;      /* [g_threads][g_scratch_cols] */
 static int g_scratch_cols;
 static double g_bytes_read;       /* weight + cache bytes touched, for GB/s reports */
+static double g_flops;            /* floating-point operations (2 per multiply-add), for FLOP/s reports */
 static float *g_x_split;          /* [g_scratch_cols] MXFP4 activation order, see split_even_odd */
 
 static void scratch_init(int max_cols) {
@@ -1032,6 +1033,7 @@ static void split_even_odd(float *xs, const float *x, int n) {
 /* y[t*ldy + i] = Σ_k x[t*ldx + k] · W[r0+i][k] for rows i in [0, nr), tokens t in [0, n). */
 static void matmul_rows(float *y, int ldy, const float *x, int ldx, const Mat *W, int r0, int nr, int n) {
     g_bytes_read += (double)W->bytes * nr / W->rows;
+    g_flops += 2.0 * nr * W->cols * n;
     /* threads only pay off when there is real work: a tiny product runs on one */
     const int parallel = (double)nr * W->cols * (n < 8 ? n : 8) > 65536;
     if (n == 1 && kernels.matvec) { /* each thread takes one contiguous run of rows */
@@ -1264,6 +1266,7 @@ static void indexer_select(const Model *m, const Layer *L, KVCache *kv, RunState
         s->n_sel[t] = K;
     }
     g_bytes_read += (double)n * (pos0 + n) * ID * sizeof(float);
+    g_flops += 2.0 * n * (pos0 + n) * IH * ID;
 }
 
 /* --- MLA attention, absorbed form (§4.2) -------------------------------- */
@@ -1296,6 +1299,7 @@ static void mla_attend_absorbed(const Model *m, const Layer *L, const KVCache *k
         }
     }
     g_bytes_read += (double)L->kv_b.bytes * DN / (DN + DV);
+    g_flops += 2.0 * n * NH * DN * KR;
 
     /* scores, softmax and the latent value sum, per (token, head) */
 #pragma omp parallel for schedule(dynamic, 1) collapse(2)
@@ -1316,7 +1320,10 @@ static void mla_attend_absorbed(const Model *m, const Layer *L, const KVCache *k
             for (int j = 0; j < ns; j++) axpy(o, score[j] / sum, latent + (size_t)sel[j] * AD, KR);
         }
     }
-    for (int t = 0; t < n; t++) g_bytes_read += (double)s->n_sel[t] * AD * sizeof(float);
+    for (int t = 0; t < n; t++) {
+        g_bytes_read += (double)s->n_sel[t] * AD * sizeof(float);
+        g_flops += 2.0 * NH * s->n_sel[t] * (AD + KR);
+    }
 
     /* un-absorb: o_heads[t][h] = W_UV[h] · o_lat[t][h] */
     for (int h = 0; h < NH; h++)
@@ -1539,6 +1546,7 @@ static void usage(void) {
             "  chat     -m DIR [--system TEXT] [--no-think] [--effort max|high|none]   multi-turn chat on stdin\n"
             "  logits   -m DIR --ids 1,2,3 -o FILE [--decode]   write float32 logits [n][vocab]\n"
             "  tokenize -m DIR \"text\" | --decode -m DIR 1,2,3 | -m DIR --jsonl   (see glm tokenize --help)\n"
+            "  bench    -m DIR [-P 512] [--long 4096] [-n 32] [--json]   speed vs this machine's bandwidth and FMA peak\n"
             "  synth    OUT_DIR [--layers N] [--experts E] [--format mxfp4|bf16]   random real-width checkpoint\n"
             "  convert  IN_DIR OUT_DIR [--attn] [--all-linear]  BF16/FP8 checkpoint -> Quark MXFP4\n"
             "options: --ctx N (context length, default 4096), -t N (threads), --tokenizer FILE (default DIR/tokenizer.json)\n"
@@ -1953,6 +1961,118 @@ static int cmd_chat(const Args *a) {
     return 0;
 }
 
+/* ======================================================================== */
+/* 9. glm bench: speed against what this machine can do, measured in the same run */
+
+/* Touches every page of every shard so no timed step pays for page faults. */
+static void prefault_weights(const Model *m) {
+    volatile uint8_t sink = 0;
+    for (int s = 0; s < m->ck.n_shards; s++)
+        for (size_t i = 0; i < m->ck.shards[s].size; i += 4096) sink ^= m->ck.shards[s].map[i];
+    (void)sink;
+}
+
+static double best_bandwidth(const uint8_t *buf, size_t n) {
+    double best = 0;
+    for (int i = 0; i < 3; i++) {
+        double b = kernels.read_bandwidth(buf, n);
+        if (b > best) best = b;
+    }
+    return best;
+}
+
+/* Decodes n tokens from the current cache position; returns tokens/s and adds the
+ * bytes read to *bytes. The read bandwidth is measured just before and after. */
+static double timed_decode(Session *S, int n, const uint8_t *buf, size_t buf_n, double *bw_mean, double *bytes) {
+    const int V = S->model.cfg.vocab_size;
+    int tok = 1;
+    double bw0 = best_bandwidth(buf, buf_n);
+    g_bytes_read = 0;
+    double t0 = now_s();
+    for (int i = 0; i < n; i++) {
+        forward(&S->model, &S->kv, &S->state, &tok, 1, S->state.logits, 0);
+        tok = argmax(S->state.logits, V);
+    }
+    double dt = now_s() - t0;
+    *bytes = g_bytes_read / n;
+    *bw_mean = 0.5 * (bw0 + best_bandwidth(buf, buf_n));
+    return n / dt;
+}
+
+static int cmd_bench(int argc, char **argv) {
+    int P = 512, L = 4096, N = 32, json = 0;
+    /* bench's own flags first; the rest are the common ones */
+    char **rest = xmalloc((size_t)(argc + 1) * sizeof(char *));
+    int nrest = 0;
+    rest[nrest++] = argv[0];
+    rest[nrest++] = argv[1];
+    for (int i = 2; i < argc; i++) {
+        if (!strcmp(argv[i], "--json")) json = 1;
+        else if (!strcmp(argv[i], "-P") && i + 1 < argc) P = (int)parse_long("-P", argv[++i], 1, 1 << 20);
+        else if (!strcmp(argv[i], "--long") && i + 1 < argc) L = (int)parse_long("--long", argv[++i], 64, 1 << 20);
+        else if (!strcmp(argv[i], "-n") && i + 1 < argc) N = (int)parse_long("-n", argv[++i], 1, 4096);
+        else rest[nrest++] = argv[i];
+    }
+    Args a;
+    parse_args(&a, nrest, rest);
+    free(rest);
+    if (!a.ctx) a.ctx = (P > L ? P : L) + N + 1;
+    Session S;
+    session_open(&S, &a, 0);
+    if (P > S.kv.ctx || L + N > S.kv.ctx) glm_fatal("--ctx %d: too small for -P %d and --long %d + %d tokens", S.kv.ctx, P, L, N);
+    const int V = S.model.cfg.vocab_size;
+
+    double t0 = now_s();
+    prefault_weights(&S.model);
+    const size_t buf_n = (size_t)1 << 30; /* larger than any cache */
+    uint8_t *buf = aligned_alloc(64, buf_n);
+    if (!buf) glm_fatal("out of memory allocating the bandwidth buffer");
+    memset(buf, 1, buf_n);
+    fprintf(stderr, "bench: weights paged in, %.1f s\n", now_s() - t0);
+    double peak = kernels.fma_peak();
+
+    /* prefill P random tokens */
+    int *ids = xmalloc((size_t)(P > L ? P : L) * sizeof(int));
+    uint64_t rng = 12345;
+    for (int i = 0; i < (P > L ? P : L); i++) { rng = rng * 6364136223846793005ull + 1442695040888963407ull; ids[i] = (int)((rng >> 33) % (uint64_t)V); }
+    forward(&S.model, &S.kv, &S.state, ids, 1, NULL, 0); /* warm-up */
+    S.kv.pos = 0;
+    g_flops = 0;
+    t0 = now_s();
+    forward(&S.model, &S.kv, &S.state, ids, P, S.state.logits, 0);
+    double t_prefill = now_s() - t0, prefill_flops = g_flops / t_prefill;
+
+    /* decode at context 0, then after a long context (the cache filled by a prefill) */
+    double bw0, bytes0, bwL, bytesL;
+    S.kv.pos = 0;
+    double tps0 = timed_decode(&S, N, buf, buf_n, &bw0, &bytes0);
+    S.kv.pos = 0;
+    forward(&S.model, &S.kv, &S.state, ids, L, NULL, 0);
+    double tpsL = timed_decode(&S, N, buf, buf_n, &bwL, &bytesL);
+    double decode_bw_ratio = bytes0 * tps0 / bw0, long_bw_ratio = bytesL * tpsL / bwL;
+
+    if (json) {
+        printf("{\"model\": \"%s\", \"threads\": %d, \"kernels\": \"%s\", \"read_bw_gbs\": %.2f, \"fma_peak_gflops\": %.1f, "
+               "\"prefill_tokens\": %d, \"prefill_tps\": %.2f, \"prefill_gflops\": %.1f, \"prefill_peak_ratio\": %.3f, "
+               "\"decode_tps_ctx0\": %.3f, \"decode_bytes_per_token\": %.0f, \"decode_gbs\": %.2f, \"decode_bw_ratio\": %.3f, "
+               "\"long_ctx\": %d, \"decode_tps_long\": %.3f, \"decode_long_bw_ratio\": %.3f, \"read_bw_long_gbs\": %.2f}\n",
+               a.model_dir, g_threads, kernels.name, bw0 / 1e9, peak / 1e9, P, P / t_prefill, prefill_flops / 1e9, prefill_flops / peak,
+               tps0, bytes0, bytes0 * tps0 / 1e9, decode_bw_ratio, L, tpsL, long_bw_ratio, bwL / 1e9);
+    } else {
+        printf("glm bench: %s (%d threads, %s kernels)\n", a.model_dir, g_threads, kernels.name);
+        printf("  machine   read bandwidth %.1f GB/s (around the decode), fp32 FMA peak %.1f GFLOP/s\n", bw0 / 1e9, peak / 1e9);
+        printf("  prefill   %d tokens: %.2f tok/s, %.1f GFLOP/s = %.2f x FMA peak\n", P, P / t_prefill, prefill_flops / 1e9, prefill_flops / peak);
+        printf("  decode    context 0: %.2f tok/s, %.3f GB/token, %.1f GB/s = %.2f x read bandwidth\n", tps0, bytes0 / 1e9,
+               bytes0 * tps0 / 1e9, decode_bw_ratio);
+        printf("  decode    context %d: %.2f tok/s, %.3f GB/token, %.1f GB/s = %.2f x read bandwidth (%.1f GB/s around it)\n", L, tpsL,
+               bytesL / 1e9, bytesL * tpsL / 1e9, long_bw_ratio, bwL / 1e9);
+        printf("  slowdown  context 0 -> %d: %.2fx\n", L, tps0 / tpsL);
+    }
+    free(buf); free(ids);
+    session_close(&S);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) { usage(); return argc < 2; }
     Args a;
@@ -1962,6 +2082,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "run")) { parse_args(&a, argc, argv); return cmd_run(&a); }
     if (!strcmp(cmd, "logits")) { parse_args(&a, argc, argv); return cmd_logits(&a); }
     if (!strcmp(cmd, "chat")) { parse_args(&a, argc, argv); return cmd_chat(&a); }
+    if (!strcmp(cmd, "bench")) return cmd_bench(argc, argv);
     if (!strcmp(cmd, "tokenize")) return tokenize_main(argc - 1, argv + 1);
     if (!strcmp(cmd, "synth")) return synth_main(argc - 1, argv + 1);
     if (!strcmp(cmd, "convert")) return convert_main(argc - 1, argv + 1);

@@ -214,6 +214,9 @@ typedef struct {
     void (*dequant_row)(const Mat *W, int r, float *out);
     float (*dot)(const float *a, const float *b, int n);
     void (*axpy)(float *y, float a, const float *x, int n);   /* y += a·x */
+    /* machine measurements for glm bench (never NULL) */
+    double (*read_bandwidth)(const uint8_t *buf, size_t n);   /* bytes/s, all threads */
+    double (*fma_peak)(void);                                  /* fp32 FLOP/s, all threads */
 } Kernels;
 extern Kernels kernels;
 void kernels_init(const char *want);   /* want "c" forces the plain loops */

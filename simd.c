@@ -19,6 +19,9 @@
 #include "glm.h"
 
 #include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
@@ -236,6 +239,49 @@ AVX512 static void dequant_row_avx512(const Mat *W, int r, float *out) {
     }
 }
 
+/* Streaming read of buf[0..n) by every thread (each its own slice): bytes/s. */
+AVX512 static double read_bandwidth_avx512(const uint8_t *buf, size_t n) {
+    double t0 = now_s();
+    long long sink = 0;
+#pragma omp parallel reduction(+ : sink)
+    {
+        __m512i a = _mm512_setzero_si512(), b = a, c = a, d = a;
+#pragma omp for schedule(static)
+        for (size_t i = 0; i < n; i += 256) {
+            a = _mm512_add_epi64(a, _mm512_load_si512(buf + i));
+            b = _mm512_add_epi64(b, _mm512_load_si512(buf + i + 64));
+            c = _mm512_add_epi64(c, _mm512_load_si512(buf + i + 128));
+            d = _mm512_add_epi64(d, _mm512_load_si512(buf + i + 192));
+        }
+        sink += _mm512_reduce_add_epi64(_mm512_add_epi64(_mm512_add_epi64(a, b), _mm512_add_epi64(c, d)));
+    }
+    double dt = now_s() - t0;
+    return sink == 42 ? 0.0 : (double)n / dt; /* sink keeps the loads alive */
+}
+
+/* fp32 FMA peak: 12 independent 16-wide FMA chains per thread (enough to cover the
+ * latency on current cores), FLOP/s counting 2 per lane per FMA. */
+AVX512 static double fma_peak_avx512(void) {
+    const long iters = 20000000;
+    double t0 = now_s();
+    float sink = 0.0f;
+#pragma omp parallel reduction(+ : sink)
+    {
+        __m512 m = _mm512_set1_ps(0.9999999f), c = _mm512_set1_ps(1e-7f), acc[12];
+        for (int j = 0; j < 12; j++) acc[j] = _mm512_set1_ps((float)j);
+        for (long i = 0; i < iters; i++)
+            for (int j = 0; j < 12; j++) acc[j] = _mm512_fmadd_ps(acc[j], m, c);
+        for (int j = 1; j < 12; j++) acc[0] = _mm512_add_ps(acc[0], acc[j]);
+        sink += _mm512_reduce_add_ps(acc[0]);
+    }
+    double dt = now_s() - t0;
+    int threads = 1;
+#ifdef _OPENMP
+    threads = omp_get_max_threads();
+#endif
+    return sink == 42.0f ? 0.0 : 2.0 * 16 * 12 * iters * threads / dt;
+}
+
 static int cpu_has_avx512(void) {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
@@ -244,15 +290,48 @@ static int cpu_has_avx512(void) {
 #endif
 
 /* The kernel table glm.c calls through. NULL entries mean "use the plain C loop". */
-Kernels kernels = {"plain C", NULL, NULL, NULL, NULL};
+/* Plain C versions of the two machine measurements (for CPUs without AVX-512). */
+static double read_bandwidth_plain(const uint8_t *buf, size_t n) {
+    double t0 = now_s();
+    uint64_t sink = 0;
+#pragma omp parallel for reduction(+ : sink) schedule(static)
+    for (size_t i = 0; i < n; i += 64) {
+        uint64_t v[8];
+        memcpy(v, buf + i, 64);
+        sink += v[0] + v[1] + v[2] + v[3] + v[4] + v[5] + v[6] + v[7];
+    }
+    double dt = now_s() - t0;
+    return sink == 42 ? 0.0 : (double)n / dt;
+}
+
+static double fma_peak_plain(void) {
+    const long iters = 50000000;
+    double t0 = now_s();
+    float sink = 0.0f;
+    int threads = 1;
+#pragma omp parallel reduction(+ : sink)
+    {
+        float a[8] = {0, 1, 2, 3, 4, 5, 6, 7};
+        for (long i = 0; i < iters; i++)
+            for (int j = 0; j < 8; j++) a[j] = a[j] * 0.9999999f + 1e-7f;
+        for (int j = 0; j < 8; j++) sink += a[j];
+    }
+#ifdef _OPENMP
+    threads = omp_get_max_threads();
+#endif
+    return sink == 42.0f ? 0.0 : 2.0 * 8 * iters * threads / (now_s() - t0);
+}
+
+Kernels kernels = {"plain C", NULL, NULL, NULL, NULL, read_bandwidth_plain, fma_peak_plain};
 
 void kernels_init(const char *want) {
-    Kernels plain = {"plain C", NULL, NULL, NULL, NULL};
+    Kernels plain = {"plain C", NULL, NULL, NULL, NULL, read_bandwidth_plain, fma_peak_plain};
     kernels = plain;
     if (want && !strcmp(want, "c")) return;
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
     if (cpu_has_avx512()) {
-        Kernels k = {"AVX-512", matvec_avx512, dequant_row_avx512, dot_f32_avx512, axpy_f32_avx512};
+        Kernels k = {"AVX-512", matvec_avx512, dequant_row_avx512, dot_f32_avx512, axpy_f32_avx512,
+                     read_bandwidth_avx512, fma_peak_avx512};
         kernels = k;
     }
 #endif

@@ -1,0 +1,112 @@
+/* kernels_test.c - every SIMD kernel in simd.c against the plain C loops in glm.c, on
+ * random inputs whose lengths are not multiples of the vector width.
+ * Built and run by tests/test_kernels.sh. */
+#undef main /* the build renames glm.c's main so this one links */
+#include "../glm.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int passed, failed;
+static uint64_t rng = 0x9E3779B97F4A7C15ull;
+static uint32_t rnd(void) { rng ^= rng << 13; rng ^= rng >> 7; rng ^= rng << 17; return (uint32_t)(rng >> 11); }
+static float rndf(void) { return (float)((rnd() & 0xFFFFFF) / 8388608.0 - 1.0); }
+
+static void check(const char *what, int ok, double err) {
+    if (ok) passed++;
+    else { failed++; printf("FAIL %s (error %.3g)\n", what, err); }
+}
+
+/* A random matrix in one format; the caller frees w and scale. */
+static Mat make_mat(WeightFormat fmt, int rows, int cols, void **w, void **scale) {
+    Mat W = {0};
+    W.fmt = fmt; W.rows = rows; W.cols = cols;
+    size_t n = (size_t)rows * cols;
+    if (fmt == WF_F32) { float *p = malloc(n * 4); for (size_t i = 0; i < n; i++) p[i] = rndf(); *w = p; *scale = NULL; }
+    if (fmt == WF_BF16) { uint16_t *p = malloc(n * 2); for (size_t i = 0; i < n; i++) p[i] = f32_to_bf16(rndf()); *w = p; *scale = NULL; }
+    if (fmt == WF_FP8) { /* every code but NaN, subnormals included; block scales vary */
+        uint8_t *p = malloc(n); for (size_t i = 0; i < n; i++) { do p[i] = (uint8_t)rnd(); while ((p[i] & 0x7F) == 0x7F); }
+        int nb = ((rows + 127) / 128) * ((cols + 127) / 128);
+        float *s = malloc((size_t)nb * 4); for (int i = 0; i < nb; i++) s[i] = ldexpf(1.0f + rndf() * 0.5f, -(int)(rnd() % 12));
+        *w = p; *scale = s; W.fp8_scale = s;
+    }
+    if (fmt == WF_MXFP4) {
+        uint8_t *p = malloc(n / 2); for (size_t i = 0; i < n / 2; i++) p[i] = (uint8_t)rnd();
+        uint8_t *s = malloc(n / 32); for (size_t i = 0; i < n / 32; i++) s[i] = (uint8_t)(115 + rnd() % 20);
+        *w = p; *scale = s; W.mx_scale = s;
+    }
+    W.w = *w;
+    return W;
+}
+
+int main(void) {
+    number_tables_init();
+    kernels_init(NULL);
+    Kernels simd = kernels;
+    if (!simd.matvec) { printf("no SIMD kernels on this CPU: nothing to compare\n0 passed, 0 failed\n"); return 0; }
+    printf("comparing %s kernels with the plain C loops\n", simd.name);
+    const char *names[] = {"F32", "BF16", "FP8", "MXFP4"};
+    const int rows_list[] = {1, 3, 4, 5, 9, 130};
+    const int cols_any[] = {1, 7, 16, 17, 31, 100, 128, 129, 300, 1000};
+    const int cols_32[] = {32, 64, 96, 160, 288, 1024};
+    for (int f = 0; f < 4; f++) {
+        const int *cl = f == WF_MXFP4 ? cols_32 : cols_any;
+        int ncl = f == WF_MXFP4 ? 6 : 10;
+        for (int ri = 0; ri < 6; ri++)
+            for (int ci = 0; ci < ncl; ci++) {
+                int rows = rows_list[ri], cols = cl[ci];
+                void *w = NULL, *sc = NULL;
+                Mat W = make_mat((WeightFormat)f, rows, cols, &w, &sc);
+                float *x = malloc((size_t)cols * 4), *xs = malloc((size_t)cols * 4 + 4), *y = malloc((size_t)rows * 4);
+                float *plain = malloc((size_t)cols * 4), *fast = malloc((size_t)cols * 4);
+                for (int i = 0; i < cols; i++) x[i] = rndf() * 4;
+                for (int b = 0; b < cols / 32; b++)
+                    for (int i = 0; i < 16; i++) { xs[32 * b + i] = x[32 * b + 2 * i]; xs[32 * b + 16 + i] = x[32 * b + 2 * i + 1]; }
+                /* matvec over a row range that does not start at 0 */
+                int r0 = rows > 2 ? 1 : 0, nr = rows - r0;
+                simd.matvec(&W, r0, nr, x, xs, y);
+                double worst = 0, worst_deq = 0;
+                for (int r = r0; r < rows; r++) {
+                    kernels.dequant_row = NULL; /* the plain loop */
+                    mat_dequant_row(&W, r, plain);
+                    kernels = simd;
+                    simd.dequant_row(&W, r, fast);
+                    double ref = 0, mag = 0;
+                    for (int i = 0; i < cols; i++) {
+                        ref += (double)plain[i] * x[i];
+                        mag += fabs((double)plain[i] * x[i]);
+                        double d = fabs((double)plain[i] - fast[i]);
+                        if (d > worst_deq && !(isnan(plain[i]) && isnan(fast[i]))) worst_deq = d;
+                    }
+                    double e = fabs(ref - y[r - r0]) / (mag + 1e-30);
+                    if (e > worst) worst = e;
+                }
+                char what[96];
+                snprintf(what, sizeof what, "matvec %s %dx%d", names[f], rows, cols);
+                check(what, worst < 1e-5, worst);
+                snprintf(what, sizeof what, "dequant_row %s %dx%d", names[f], rows, cols);
+                check(what, worst_deq == 0, worst_deq);
+                free(w); free(sc); free(x); free(xs); free(y); free(plain); free(fast);
+            }
+    }
+    /* dot and axpy at odd lengths */
+    for (int n = 1; n < 200; n += 13) {
+        float *a = malloc((size_t)n * 4), *b = malloc((size_t)n * 4), *y1 = malloc((size_t)n * 4), *y2 = malloc((size_t)n * 4);
+        double ref = 0, mag = 0;
+        for (int i = 0; i < n; i++) { a[i] = rndf(); b[i] = rndf(); y1[i] = y2[i] = rndf(); ref += (double)a[i] * b[i]; mag += fabs((double)a[i] * b[i]); }
+        double e = fabs(simd.dot(a, b, n) - ref) / (mag + 1e-30);
+        char what[64];
+        snprintf(what, sizeof what, "dot n=%d", n);
+        check(what, e < 1e-5, e);
+        simd.axpy(y1, 0.37f, a, n);
+        double ea = 0;
+        for (int i = 0; i < n; i++) { y2[i] += 0.37f * a[i]; double d = fabs(y1[i] - y2[i]); if (d > ea) ea = d; }
+        snprintf(what, sizeof what, "axpy n=%d", n);
+        check(what, ea < 1e-6, ea);
+        free(a); free(b); free(y1); free(y2);
+    }
+    printf("%d passed, %d failed\n", passed, failed);
+    return failed != 0;
+}

@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# SIMD kernels (simd.c) against the plain C loops (glm.c) on random inputs.
+# Builds its own driver with the same sanitizer flags as the binary under test (SAN=1).
+set -eu
+cd "$(dirname "$0")/.."
+mkdir -p tests/out
+flags="-std=c11 -O2 -Wall -Wextra -fopenmp"
+[ "${SAN:-0}" = 1 ] && flags="$flags -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=undefined"
+${CC:-cc} $flags -Dmain=glm_cli_main -o tests/out/kernels_test tests/kernels_test.c \
+    glm.c json.c synth.c simd.c convert.c tokenizer.c -lm
+exec tests/out/kernels_test

@@ -921,6 +921,7 @@ static int g_scratch_cols;
 static double g_bytes_read;       /* weight + cache bytes touched, for GB/s reports */
 static double g_flops;            /* floating-point operations (2 per multiply-add), for FLOP/s reports */
 static float *g_x_split;          /* [g_scratch_cols] MXFP4 activation order, see split_even_odd */
+static float *g_panel;            /* [g_threads][33][g_scratch_cols] prefill panels (32 rows k-major + one row) */
 
 static void scratch_init(int max_cols) {
 #ifdef _OPENMP
@@ -929,6 +930,7 @@ static void scratch_init(int max_cols) {
     g_scratch_cols = max_cols;
     g_row_scratch = xmalloc((size_t)g_threads * (size_t)max_cols * sizeof(float));
     g_x_split = xmalloc((size_t)max_cols * sizeof(float));
+    g_panel = xcalloc((size_t)g_threads * 33 * (size_t)max_cols, sizeof(float));
 }
 
 static int thread_id(void) {
@@ -1052,6 +1054,27 @@ static void matmul_rows(float *y, int ldy, const float *x, int ldx, const Mat *W
     if (n == 1) {
 #pragma omp parallel for schedule(static) if (parallel)
         for (int i = 0; i < nr; i++) y[i] = row_dot(W, r0 + i, x);
+        return;
+    }
+    if (kernels.gemm_panel) {
+        /* 32 rows at a time are dequantized once into a k-major panel; then every
+         * token streams through it in k-chunks small enough to stay in L2 */
+        const int K = W->cols, KC = 512;
+#pragma omp parallel if (parallel)
+        {
+            float *panel = g_panel + (size_t)thread_id() * 33 * g_scratch_cols, *row = panel + (size_t)32 * g_scratch_cols;
+#pragma omp for schedule(dynamic, 1)
+            for (int rb = 0; rb < nr; rb += 32) {
+                int nj = nr - rb < 32 ? nr - rb : 32;
+                for (int j = 0; j < nj; j++) {
+                    mat_dequant_row(W, r0 + rb + j, row);
+                    for (int k = 0; k < K; k++) panel[(size_t)k * 32 + j] = row[k];
+                }
+                for (int t = 0; t < n; t++) memset(y + (size_t)t * ldy + rb, 0, (size_t)nj * sizeof(float));
+                for (int k0 = 0; k0 < K; k0 += KC)
+                    kernels.gemm_panel(panel + (size_t)k0 * 32, K - k0 < KC ? K - k0 : KC, x + k0, ldx, n, y + rb, ldy, nj);
+            }
+        }
         return;
     }
 #pragma omp parallel if (parallel)
@@ -1694,7 +1717,8 @@ static void session_close(Session *S) {
     model_free(&S->model);
     free(g_row_scratch);
     free(g_x_split);
-    g_row_scratch = g_x_split = NULL;
+    free(g_panel);
+    g_row_scratch = g_x_split = g_panel = NULL;
 }
 
 /* glm logits: float32 [n][V] for the whole sequence, by prefill or one token at a time. */

@@ -212,6 +212,9 @@ typedef struct {
      * even then its 16 odd elements (used for MXFP4) */
     void (*matvec)(const Mat *W, int r0, int nr, const float *x, const float *x_split, float *y);
     void (*dequant_row)(const Mat *W, int r, float *out);
+    /* Y[t*ldy + j] += Σ_k P[k*32 + j]·X[t*ldx + k], j < nj <= 32, t < n, k < K: the prefill
+     * product against a panel of 32 dequantized rows stored k-major */
+    void (*gemm_panel)(const float *P, int K, const float *X, int ldx, int n, float *Y, int ldy, int nj);
     float (*dot)(const float *a, const float *b, int n);
     void (*axpy)(float *y, float a, const float *x, int n);   /* y += a·x */
     /* machine measurements for glm bench (never NULL) */

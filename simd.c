@@ -282,6 +282,41 @@ AVX512 static double fma_peak_avx512(void) {
     return sink == 42.0f ? 0.0 : 2.0 * 16 * 12 * iters * threads / dt;
 }
 
+/* Prefill GEMM micro-kernel: Y[t*ldy + j] += Σ_k P[k*32 + j] · X[t*ldx + k] for j < nj
+ * (≤ 32 rows of W, k-major in the panel P), t < n tokens, k < K. T tokens at a time keep
+ * 2T accumulators (32 rows each) in registers; each X element is broadcast once. */
+#define GEMM_TILE(T)                                                                          \
+    AVX512 static inline void gemm_tile##T(const float *P, int K, const float *X, int ldx,     \
+                                            float *Y, int ldy, __mmask16 m0, __mmask16 m1) {   \
+        __m512 acc[T][2];                                                                      \
+        for (int j = 0; j < T; j++) acc[j][0] = acc[j][1] = _mm512_setzero_ps();               \
+        for (int k = 0; k < K; k++) {                                                          \
+            __m512 p0 = _mm512_loadu_ps(P + (size_t)k * 32), p1 = _mm512_loadu_ps(P + (size_t)k * 32 + 16); \
+            _Pragma("GCC unroll 12") for (int j = 0; j < T; j++) {                             \
+                __m512 xb = _mm512_set1_ps(X[(size_t)j * ldx + k]);                            \
+                acc[j][0] = _mm512_fmadd_ps(p0, xb, acc[j][0]);                                \
+                acc[j][1] = _mm512_fmadd_ps(p1, xb, acc[j][1]);                                \
+            }                                                                                  \
+        }                                                                                      \
+        for (int j = 0; j < T; j++) {                                                          \
+            float *y = Y + (size_t)j * ldy;                                                    \
+            _mm512_mask_storeu_ps(y, m0, _mm512_add_ps(_mm512_maskz_loadu_ps(m0, y), acc[j][0])); \
+            _mm512_mask_storeu_ps(y + 16, m1, _mm512_add_ps(_mm512_maskz_loadu_ps(m1, y + 16), acc[j][1])); \
+        }                                                                                      \
+    }
+GEMM_TILE(12)
+GEMM_TILE(4)
+GEMM_TILE(1)
+
+AVX512 static void gemm_panel_avx512(const float *P, int K, const float *X, int ldx, int n, float *Y, int ldy, int nj) {
+    __mmask16 m0 = nj >= 16 ? 0xFFFF : (__mmask16)((1u << nj) - 1);
+    __mmask16 m1 = nj >= 32 ? 0xFFFF : nj > 16 ? (__mmask16)((1u << (nj - 16)) - 1) : 0;
+    int t = 0;
+    for (; t + 12 <= n; t += 12) gemm_tile12(P, K, X + (size_t)t * ldx, ldx, Y + (size_t)t * ldy, ldy, m0, m1);
+    for (; t + 4 <= n; t += 4) gemm_tile4(P, K, X + (size_t)t * ldx, ldx, Y + (size_t)t * ldy, ldy, m0, m1);
+    for (; t < n; t++) gemm_tile1(P, K, X + (size_t)t * ldx, ldx, Y + (size_t)t * ldy, ldy, m0, m1);
+}
+
 static int cpu_has_avx512(void) {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
@@ -322,15 +357,15 @@ static double fma_peak_plain(void) {
     return sink == 42.0f ? 0.0 : 2.0 * 8 * iters * threads / (now_s() - t0);
 }
 
-Kernels kernels = {"plain C", NULL, NULL, NULL, NULL, read_bandwidth_plain, fma_peak_plain};
+Kernels kernels = {"plain C", NULL, NULL, NULL, NULL, NULL, read_bandwidth_plain, fma_peak_plain};
 
 void kernels_init(const char *want) {
-    Kernels plain = {"plain C", NULL, NULL, NULL, NULL, read_bandwidth_plain, fma_peak_plain};
+    Kernels plain = {"plain C", NULL, NULL, NULL, NULL, NULL, read_bandwidth_plain, fma_peak_plain};
     kernels = plain;
     if (want && !strcmp(want, "c")) return;
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
     if (cpu_has_avx512()) {
-        Kernels k = {"AVX-512", matvec_avx512, dequant_row_avx512, dot_f32_avx512, axpy_f32_avx512,
+        Kernels k = {"AVX-512", matvec_avx512, dequant_row_avx512, gemm_panel_avx512, dot_f32_avx512, axpy_f32_avx512,
                      read_bandwidth_avx512, fma_peak_avx512};
         kernels = k;
     }

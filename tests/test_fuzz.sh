@@ -1,0 +1,125 @@
+#!/usr/bin/env bash
+# tests/test_fuzz.sh - the fuzz targets (fuzz/, issue 7) and the loader's hostile-header checks.
+#
+#   1. the loader rejects crafted single-file checkpoints (overlapping offsets, offsets past the
+#      end of the file, sizes and shapes that overflow 64-bit arithmetic, header lengths past the
+#      end or near 2^64, ...) with exit code 1 and exactly one "glm: error:" line ($GLM);
+#   2. `make fuzz` builds the libFuzzer targets (needs clang and libFuzzer: Debian packages
+#      clang-14 and libclang-rt-14-dev);
+#   3. every target replays its regression inputs (fuzz/regressions/TARGET/, each a crash or
+#      hang found and fixed) and its seed corpus (fuzz/corpus/TARGET/);
+#   4. each target fuzzes for FUZZ_SECONDS (default 25; the issue's 60 s x 4 targets does not
+#      fit CI's budget; longer runs by hand, see fuzz/README.md) from a copy of its seeds.
+#      Skipped under SAN=1 (make test-asan): the targets are sanitizer builds already.
+# Ends with "N passed, N failed"; exits non-zero on any failure.
+set -u
+cd "$(dirname "$0")/.." || exit 1
+GLM=${GLM:-./glm}
+FUZZ_SECONDS=${FUZZ_SECONDS:-25}
+TARGETS="json checkpoint tokenizer_load encode"
+OUT=$(mktemp -d "${TMPDIR:-/tmp}/glm-fuzz-test.XXXXXX") || exit 1
+trap 'rm -rf "$OUT"' EXIT
+pass=0
+fail=0
+ok() { echo "PASS $1"; pass=$((pass + 1)); }
+bad() { echo "FAIL $1"; fail=$((fail + 1)); }
+
+# ---- 1. hostile safetensors headers through the CLI ---------------------------------------
+# Each case: NAME, the words the one error line must contain, a Python expression for the
+# file bytes (helpers: st(header_dict_or_bytes, data_bytes), u64(n)).
+python3 - "$OUT/loader" <<'PYEOF'
+import json, os, struct, sys
+out = sys.argv[1]
+cfg = open("fuzz/corpus/json/config-bf16.json", "rb").read()
+def u64(n): return struct.pack("<Q", n)
+def st(h, data=b""):
+    hj = h if isinstance(h, bytes) else json.dumps(h, separators=(",", ":")).encode()
+    return u64(len(hj)) + hj + data
+T = lambda dt, shape, off: {"dtype": dt, "shape": shape, "data_offsets": off}
+cases = [
+    ("overlap", "overlapping data_offsets", st({"a": T("BF16", [4], [0, 8]), "b": T("BF16", [4], [4, 12])}, bytes(12))),
+    ("overlap_same", "overlapping data_offsets", st({"a": T("U8", [4], [0, 4]), "b": T("U8", [4], [0, 4])}, bytes(4))),
+    ("overlap_inside", "overlapping data_offsets", st({"a": T("U8", [16], [0, 16]), "b": T("U8", [2], [5, 7])}, bytes(16))),
+    ("past_eof", "past the end of the file", st({"a": T("F32", [4], [0, 16])}, bytes(15))),
+    ("past_eof_huge", "past the end of the file", st({"a": T("U8", [0], [2**64 - 1, 2**64 - 1])}, bytes(8))),
+    ("offsets_not_u64", "fit 64 bits", st({"a": T("U8", [1], [0, 2**64])}, bytes(8))),
+    ("offsets_reversed", "end before they begin", st({"a": T("U8", [1], [5, 4])}, bytes(8))),
+    ("shape_overflow", "overflows 64-bit", st({"a": T("U8", [2**32, 2**32], [0, 0])}, bytes(8))),
+    ("shape_wraps_to_data", "overflows 64-bit", st({"a": T("BF16", [4, 2**62 + 40], [0, 320])}, bytes(320))),
+    ("size_overflow", "overflows 64-bit", st({"a": T("F64", [2**62], [0, 0])}, bytes(8))),
+    ("size_wraps_to_data", "overflows 64-bit", st({"a": T("F32", [2**62 + 2], [0, 8])}, bytes(8))),
+    ("shape_entry_too_big", "shape entries", st({"a": T("U8", [2**63], [0, 0])}, bytes(8))),
+    ("size_mismatch", "bytes of data", st({"a": T("F32", [3], [0, 8])}, bytes(8))),
+    ("header_len_past_eof", "header length", u64(1000) + b"{}"),
+    ("header_len_2^64-1", "header length", u64(2**64 - 1) + b"{}"),
+    ("header_len_2^63", "header length", u64(2**63) + b"{}"),
+    ("truncated_7_bytes", "truncated", b"\x02\x00\x00\x00\x00\x00\x00"),
+    ("header_not_object", "not a JSON object", st(b"[1,2]")),
+    ("header_bad_json", "bad JSON", st(b'{"a":')),
+    ("dims_9", "dimensions", st({"a": T("U8", [1] * 9, [0, 1])}, bytes(8))),
+]
+for name, want, raw in cases:
+    d = os.path.join(out, name)
+    os.makedirs(d)
+    open(os.path.join(d, "config.json"), "wb").write(cfg)
+    open(os.path.join(d, "model.safetensors"), "wb").write(raw)
+    open(os.path.join(d, "want"), "w").write(want)
+PYEOF
+if [ ! -x "$GLM" ]; then
+    bad "loader: $GLM is not built (make)"
+else
+    for d in "$OUT"/loader/*/; do
+        name=$(basename "$d")
+        want=$(cat "$d/want")
+        err=$("$GLM" logits -m "$d" --ids 1,2,3 -o "$OUT/x.f32" 2>&1 >"$OUT/stdout"); rc=$?
+        lines=$(printf '%s\n' "$err" | wc -l)
+        if [ "$rc" -ne 1 ]; then bad "loader_$name: exit code $rc, expected 1: $err"
+        elif [ "$lines" -ne 1 ] || [[ "$err" != "glm: error: "* ]]; then bad "loader_$name: expected one 'glm: error:' line, got: $err"
+        elif [[ "$err" != *"$want"* ]]; then bad "loader_$name: message lacks '$want': $err"
+        elif [ -s "$OUT/stdout" ] || [ -e "$OUT/x.f32" ]; then bad "loader_$name: wrote output"
+        else ok "loader_$name"; fi
+    done
+fi
+
+# ---- 2. build ------------------------------------------------------------------------------
+if ! make -s fuzz >"$OUT/build.log" 2>&1; then
+    bad "make fuzz (needs clang + libFuzzer: apt-get install clang-14 libclang-rt-14-dev): $(tail -n 5 "$OUT/build.log" | tr '\n' ' ')"
+    echo "$pass passed, $fail failed"
+    exit 1
+fi
+ok "make fuzz"
+
+# ---- 3. regressions and seeds --------------------------------------------------------------
+for t in $TARGETS; do
+    for kind in regressions corpus; do
+        files=(fuzz/$kind/$t/*)
+        [ -e "${files[0]}" ] || continue
+        if fuzz/bin/fuzz_$t -timeout=30 -rss_limit_mb=2048 "${files[@]}" >"$OUT/replay-$t-$kind.log" 2>&1; then
+            ok "replay_${t}_$kind (${#files[@]} inputs)"
+        else
+            bad "replay_${t}_$kind: $(grep -E 'ERROR|SUMMARY|Running' "$OUT/replay-$t-$kind.log" | tail -n 3 | tr '\n' ' ')"
+        fi
+    done
+done
+
+# ---- 4. short fuzz runs --------------------------------------------------------------------
+if [ "${SAN:-0}" = 1 ]; then
+    echo "# SAN=1: fuzz runs skipped (run by the plain ./test.sh)"
+elif [ "$FUZZ_SECONDS" -gt 0 ]; then
+    for t in $TARGETS; do
+        mkdir -p "$OUT/run-$t" "$OUT/art-$t"
+        cp fuzz/corpus/$t/* "$OUT/run-$t/" 2>/dev/null
+        if fuzz/bin/fuzz_$t -max_total_time="$FUZZ_SECONDS" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
+                -artifact_prefix="$OUT/art-$t/" "$OUT/run-$t" >"$OUT/fuzz-$t.log" 2>&1; then
+            ok "fuzz_$t ${FUZZ_SECONDS}s: $(grep -E '^stat::number_of_executed_units' "$OUT/fuzz-$t.log" | awk '{print $2}') runs"
+        else
+            a=$(ls "$OUT/art-$t" 2>/dev/null | head -n 1)
+            [ -n "$a" ] && mkdir -p fuzz/found && cp "$OUT/art-$t/$a" "fuzz/found/$t-$a"
+            bad "fuzz_$t: $(grep -E 'ERROR|SUMMARY' "$OUT/fuzz-$t.log" | head -n 2 | tr '\n' ' ') input kept in fuzz/found/$t-$a"
+            tail -n 40 "$OUT/fuzz-$t.log"
+        fi
+    done
+fi
+
+echo "$pass passed, $fail failed"
+[ "$fail" -eq 0 ]

@@ -127,6 +127,15 @@ static void buf_json_string(Buf *b, const char *s) {
 
 #define MX_BLOCK 32
 
+/* The two hot loops (BF16/FP8 -> fp32, and the quantizer) are compiled three times, for
+ * AVX-512, AVX2 and plain x86-64, and the loader picks the best the CPU has (GCC/Clang
+ * function multiversioning). The C is the same; only the vector width differs. */
+#if defined(__x86_64__) && defined(__linux__) && (defined(__clang__) ? __clang_major__ >= 14 : defined(__GNUC__))
+#define VECTOR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define VECTOR_CLONES
+#endif
+
 /* The shared exponent e of one 32-element block (its scale is 2^e, stored as e + 127).
  * Quark's "even" rule: round amax to two significant bits first (adding 2^21 to the fp32
  * bit pattern carries into the exponent exactly when the mantissa is >= 1.75), keep only
@@ -157,30 +166,43 @@ static inline uint8_t e2m1_code(float q) {
     return (uint8_t)(c | (int)((u >> 31) << 3));
 }
 
+/* 2^-e as an fp32 number, for e in [-127, 127] (2^-127 is the fp32 subnormal 0x00400000).
+ * Multiplying by it is exact, like dividing by the scale. */
+static float pow2_neg(int e) {
+    uint32_t u = e == 127 ? 0x00400000u : (uint32_t)(127 - e) << 23;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
 /* One row of n fp32 values (n a multiple of 32) -> n/2 packed bytes (element 2i in the low
  * nibble of byte i) and n/32 E8M0 scale bytes. Returns the column of the first NaN or
- * infinity (nothing sensible can be stored for it), or -1. */
-static int64_t mxfp4_quantize_row(const float *x, int64_t n, uint8_t *packed, uint8_t *scales) {
+ * infinity (nothing sensible can be stored for it), or -1.
+ * The loops have a fixed trip count of 32 and no branches, so the compiler vectorizes them;
+ * amax is taken on the bit patterns with the sign cleared, which order like the magnitudes
+ * and put NaN and infinity (>= 0x7f800000) on top, so one comparison finds both. */
+VECTOR_CLONES static int64_t mxfp4_quantize_row(const float *x, int64_t n, uint8_t *packed, uint8_t *scales) {
     for (int64_t b = 0; b < n / MX_BLOCK; b++) {
         const float *v = x + b * MX_BLOCK;
-        float amax = 0.0f;
-        int bad = 0;
+        uint32_t top = 0;
         for (int i = 0; i < MX_BLOCK; i++) {
             uint32_t u;
             memcpy(&u, &v[i], 4);
-            bad |= (u & 0x7f800000u) == 0x7f800000u;
-            float a = fabsf(v[i]);
-            amax = a > amax ? a : amax;
+            u &= 0x7fffffffu;
+            top = u > top ? u : top;
         }
-        if (bad)
+        if (top >= 0x7f800000u)
             for (int i = 0; i < MX_BLOCK; i++)
                 if (!isfinite(v[i])) return b * MX_BLOCK + i;
+        float amax;
+        memcpy(&amax, &top, 4);
         int e = mx_shared_exponent(amax);
         scales[b] = (uint8_t)(e + 127);
-        float inv = ldexpf(1.0f, -e); /* exact: 2^-e is an fp32 number for e in [-127, 127] */
+        float inv = pow2_neg(e);
+        uint8_t code[MX_BLOCK];
+        for (int i = 0; i < MX_BLOCK; i++) code[i] = e2m1_code(v[i] * inv);
         uint8_t *p = packed + b * (MX_BLOCK / 2);
-        for (int i = 0; i < MX_BLOCK / 2; i++)
-            p[i] = (uint8_t)(e2m1_code(v[2 * i] * inv) | (e2m1_code(v[2 * i + 1] * inv) << 4));
+        for (int i = 0; i < MX_BLOCK / 2; i++) p[i] = (uint8_t)(code[2 * i] | (code[2 * i + 1] << 4));
     }
     return -1;
 }
@@ -559,14 +581,18 @@ static int write_ok(int fd, const void *buf, size_t n, size_t off, Failure *fail
 
 /* Row r of the input (raw bytes) as fp32: BF16 and F32 exactly, FP8 times its block scale
  * (fp32 multiply, i.e. the exact product rounded once). */
-static void row_to_f32(const OutTensor *t, const uint8_t *raw, int64_t r, const float *fp8_scale, float *x) {
+VECTOR_CLONES static void row_to_f32(const OutTensor *t, const uint8_t *raw, int64_t r, const float *fp8_scale, float *x) {
     int64_t n = t->src->shape[1];
     if (!strcmp(t->src->dtype, "BF16")) {
-        for (int64_t j = 0; j < n; j++) {
-            uint16_t b;
-            memcpy(&b, raw + 2 * j, 2);
-            x[j] = bf16_to_f32(b);
-        }
+        /* bf16_to_f32 inline: a BF16 is the top half of an fp32 (an out-of-line call per
+         * element would cost more than the quantization itself) */
+        for (int64_t j0 = 0; j0 < n; j0 += MX_BLOCK) /* n % 32 == 0: quantized weights only */
+            for (int j = 0; j < MX_BLOCK; j++) {
+                uint16_t b;
+                memcpy(&b, raw + 2 * (j0 + j), 2);
+                uint32_t u = (uint32_t)b << 16;
+                memcpy(&x[j0 + j], &u, 4);
+            }
     } else if (!strcmp(t->src->dtype, "F32")) {
         memcpy(x, raw, (size_t)n * 4);
     } else { /* F8_E4M3 */

@@ -24,9 +24,9 @@ fail=0
 ok() { echo "PASS $1"; pass=$((pass + 1)); }
 bad() { echo "FAIL $1"; fail=$((fail + 1)); }
 
-# ---- 1. hostile safetensors headers through the CLI ---------------------------------------
-# Each case: NAME, the words the one error line must contain, a Python expression for the
-# file bytes (helpers: st(header_dict_or_bytes, data_bytes), u64(n)).
+# ---- 1. hostile safetensors headers (and config.json values) through the CLI --------------
+# Each case: NAME, words the one error line must contain, the model.safetensors bytes, and
+# optionally changes to the tiny bf16 config.json.
 python3 - "$OUT/loader" <<'PYEOF'
 import json, os, struct, sys
 out = sys.argv[1]
@@ -57,11 +57,18 @@ cases = [
     ("header_not_object", "not a JSON object", st(b"[1,2]")),
     ("header_bad_json", "bad JSON", st(b'{"a":')),
     ("dims_9", "dimensions", st({"a": T("U8", [1] * 9, [0, 1])}, bytes(8))),
+    # config.json values that were undefined behaviour before (int overflow, float -> int casts)
+    ("config_qk_sum_overflow", "qk_head_dim", b"", {"qk_head_dim": None, "qk_nope_head_dim": 2**30, "qk_rope_head_dim": 2**30, "index_head_dim": 2**30}),
+    ("config_eos_1e300", "eos_token_id", b"", {"eos_token_id": [1e300]}),
+    ("config_norm_topk_1e300", "past the end of the file", st({"a": T("F32", [4], [0, 16])}, bytes(15)), {"norm_topk_prob": 1e300}),
 ]
-for name, want, raw in cases:
+for case in cases:
+    name, want, raw = case[:3]
+    c = json.loads(cfg)
+    c.update(case[3] if len(case) > 3 else {})
     d = os.path.join(out, name)
     os.makedirs(d)
-    open(os.path.join(d, "config.json"), "wb").write(cfg)
+    open(os.path.join(d, "config.json"), "w").write(json.dumps(c))
     open(os.path.join(d, "model.safetensors"), "wb").write(raw)
     open(os.path.join(d, "want"), "w").write(want)
 PYEOF

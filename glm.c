@@ -1569,6 +1569,7 @@ static void usage(void) {
             "  chat     -m DIR [--system TEXT] [--no-think] [--effort max|high|none]   multi-turn chat on stdin\n"
             "  logits   -m DIR --ids 1,2,3 -o FILE [--decode]   write float32 logits [n][vocab]\n"
             "  tokenize -m DIR \"text\" | --decode -m DIR 1,2,3 | -m DIR --jsonl   (see glm tokenize --help)\n"
+            "  compare  -m A -m B (--ids 1,2,3 | -p TEXT)   KL divergence, top-1 agreement, perplexity of two checkpoints\n"
             "  bench    -m DIR [-P 512] [--long 4096] [-n 32] [--json]   speed vs this machine's bandwidth and FMA peak\n"
             "  synth    OUT_DIR [--layers N] [--experts E] [--format mxfp4|bf16]   random real-width checkpoint\n"
             "  convert  IN_DIR OUT_DIR [--attn] [--all-linear]  BF16/FP8 checkpoint -> Quark MXFP4\n"
@@ -1985,6 +1986,89 @@ static int cmd_chat(const Args *a) {
     return 0;
 }
 
+/* glm compare: two checkpoints (e.g. BF16 and its MXFP4 conversion) on the same
+ * tokens: mean KL(A||B) of the next-token distributions, how often their top-1 agree,
+ * and the perplexity of each on the sequence itself. */
+static float *all_logits(const Args *a, const int *ids, int n) {
+    Session S;
+    session_open(&S, a, n);
+    float *l = xmalloc((size_t)n * S.model.cfg.vocab_size * sizeof(float));
+    forward(&S.model, &S.kv, &S.state, ids, n, l, 1);
+    session_close(&S);
+    return l;
+}
+
+static void log_softmax(double *out, const float *x, int n) {
+    double mx = x[0], sum = 0;
+    for (int i = 1; i < n; i++) if (x[i] > mx) mx = x[i];
+    for (int i = 0; i < n; i++) sum += exp(x[i] - mx);
+    double lse = mx + log(sum);
+    for (int i = 0; i < n; i++) out[i] = x[i] - lse;
+}
+
+static int cmd_compare(int argc, char **argv) {
+    const char *dirs[2] = {NULL, NULL};
+    char **rest = xmalloc((size_t)(argc + 1) * sizeof(char *));
+    int nrest = 0, nd = 0;
+    rest[nrest++] = argv[0];
+    rest[nrest++] = argv[1];
+    for (int i = 2; i < argc; i++) {
+        if (!strcmp(argv[i], "-m") && i + 1 < argc) {
+            if (nd == 2) glm_fatal("compare: give exactly two -m DIR");
+            dirs[nd++] = argv[++i];
+        } else rest[nrest++] = argv[i];
+    }
+    if (nd != 2) glm_fatal("compare: give exactly two -m DIR");
+    rest[nrest++] = "-m";
+    rest[nrest++] = (char *)dirs[0];
+    Args a;
+    parse_args(&a, nrest, rest);
+    free(rest);
+    if (!a.ids == !a.prompt) glm_fatal("compare: give the tokens as --ids 1,2,3 or as -p TEXT");
+    Config ca, cb;
+    config_load(&ca, dirs[0]);
+    config_load(&cb, dirs[1]);
+    if (ca.vocab_size != cb.vocab_size) glm_fatal("compare: %s has vocab_size %d but %s has %d", dirs[0], ca.vocab_size, dirs[1], cb.vocab_size);
+    int n, *ids;
+    if (a.prompt) {
+        long bad = utf8_invalid_at(a.prompt, strlen(a.prompt));
+        if (bad >= 0) glm_fatal("-p: the prompt is not valid UTF-8 (byte %ld)", bad);
+        Tokenizer *tok = load_tokenizer(&a);
+        char err[256];
+        n = tokenizer_encode(tok, a.prompt, strlen(a.prompt), &ids, err, sizeof err);
+        tokenizer_free(tok);
+        if (n <= 0) glm_fatal("-p: the prompt is empty");
+        for (int i = 0; i < n; i++) if (ids[i] >= ca.vocab_size) glm_fatal("--tokenizer: token id %d is outside vocab_size %d", ids[i], ca.vocab_size);
+    } else {
+        ids = parse_ids(a.ids, ca.vocab_size, &n);
+    }
+    if (n < 2) glm_fatal("compare: need at least 2 tokens");
+    const int V = ca.vocab_size;
+    float *la = all_logits(&a, ids, n);
+    a.model_dir = dirs[1];
+    float *lb = all_logits(&a, ids, n);
+    double *pa = xmalloc((size_t)V * sizeof(double)), *pb = xmalloc((size_t)V * sizeof(double));
+    double kl = 0, kl_max = 0, nll_a = 0, nll_b = 0;
+    int agree = 0;
+    for (int t = 0; t < n; t++) {
+        log_softmax(pa, la + (size_t)t * V, V);
+        log_softmax(pb, lb + (size_t)t * V, V);
+        double k = 0;
+        for (int i = 0; i < V; i++) k += exp(pa[i]) * (pa[i] - pb[i]);
+        kl += k;
+        if (k > kl_max) kl_max = k;
+        agree += argmax(la + (size_t)t * V, V) == argmax(lb + (size_t)t * V, V);
+        if (t + 1 < n) { nll_a -= pa[ids[t + 1]]; nll_b -= pb[ids[t + 1]]; }
+    }
+    printf("compare: %d tokens\n", n);
+    printf("  KL(A||B)        mean %.6f nats, max %.6f\n", kl / n, kl_max);
+    printf("  top-1 agreement %d / %d = %.1f%%\n", agree, n, 100.0 * agree / n);
+    printf("  perplexity      A %s: %.4f\n", dirs[0], exp(nll_a / (n - 1)));
+    printf("                  B %s: %.4f\n", dirs[1], exp(nll_b / (n - 1)));
+    free(pa); free(pb); free(la); free(lb); free(ids);
+    return 0;
+}
+
 /* ======================================================================== */
 /* 9. glm bench: speed against what this machine can do, measured in the same run */
 
@@ -2107,6 +2191,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "logits")) { parse_args(&a, argc, argv); return cmd_logits(&a); }
     if (!strcmp(cmd, "chat")) { parse_args(&a, argc, argv); return cmd_chat(&a); }
     if (!strcmp(cmd, "bench")) return cmd_bench(argc, argv);
+    if (!strcmp(cmd, "compare")) return cmd_compare(argc, argv);
     if (!strcmp(cmd, "tokenize")) return tokenize_main(argc - 1, argv + 1);
     if (!strcmp(cmd, "synth")) return synth_main(argc - 1, argv + 1);
     if (!strcmp(cmd, "convert")) return convert_main(argc - 1, argv + 1);

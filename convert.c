@@ -240,7 +240,7 @@ typedef struct {
 typedef struct {
     const char *file;              /* base name, same as the input shard */
     OutTensor *t;
-    int n;
+    int n, cap;
     Buf header;                    /* 8-byte length + JSON, padded to a multiple of 8 */
     size_t data_size;
 } OutShard;
@@ -251,7 +251,7 @@ typedef struct {
     int n_pairs;                   /* quantized weights */
     size_t *pair_scale_offset;     /* [n_pairs] where each weight's scale lands */
     char **exclude;                /* modules left unquantized, for quantization_config */
-    int n_exclude;
+    int n_exclude, cap_exclude;
     int n_mx, n_fp8_bf16, n_copy, n_narrow;
     size_t in_bytes, out_bytes;    /* data bytes read / written */
 } Plan;
@@ -323,7 +323,10 @@ static const TensorInfo *check_fp8(const Checkpoint *ck, const TensorInfo *t) {
 }
 
 static OutTensor *plan_add(OutShard *sh, const char *name, const char *dtype, OutKind kind, const TensorInfo *src) {
-    sh->t = xrealloc(sh->t, (size_t)(sh->n + 1) * sizeof(OutTensor));
+    if (sh->n == sh->cap) {
+        sh->cap = sh->cap ? 2 * sh->cap : 64;
+        sh->t = xrealloc(sh->t, (size_t)sh->cap * sizeof(OutTensor));
+    }
     OutTensor *o = &sh->t[sh->n++];
     memset(o, 0, sizeof *o);
     o->name = xstrdup(name);
@@ -337,7 +340,10 @@ static OutTensor *plan_add(OutShard *sh, const char *name, const char *dtype, Ou
 }
 
 static void plan_exclude(Plan *p, const char *weight_name) {
-    p->exclude = xrealloc(p->exclude, (size_t)(p->n_exclude + 1) * sizeof(char *));
+    if (p->n_exclude == p->cap_exclude) {
+        p->cap_exclude = p->cap_exclude ? 2 * p->cap_exclude : 256;
+        p->exclude = xrealloc(p->exclude, (size_t)p->cap_exclude * sizeof(char *));
+    }
     p->exclude[p->n_exclude++] = xprintf("%.*s", (int)(strlen(weight_name) - strlen(".weight")), weight_name);
 }
 
@@ -373,12 +379,13 @@ static void plan_tensors(Plan *p, const Checkpoint *ck, const Config *c, const O
             if (strcmp(t->dtype, "BF16") && strcmp(t->dtype, "F32") && !is_fp8)
                 glm_fatal("%s: tensor %s has dtype %s; convert quantizes BF16, F32 or F8_E4M3 weights", file, t->name, t->dtype);
             if (t->shape[1] % MX_BLOCK == 0 && t->shape[1] > 0) {
+                char *sname = xprintf("%s_scale", t->name);
+                if (checkpoint_find(ck, sname)) glm_fatal("%s: tensor %s already exists; is the input quantized already?", file, sname);
                 OutTensor *w = plan_add(sh, t->name, "U8", OUT_MX_WEIGHT, t);
                 w->shape[1] = t->shape[1] / 2;
                 w->nbytes = (size_t)(t->shape[0] * w->shape[1]);
                 w->src_scale = fp8s;
                 w->pair = p->n_pairs;
-                char *sname = xprintf("%s_scale", t->name);
                 OutTensor *s = plan_add(sh, sname, "U8", OUT_MX_SCALE, t);
                 free(sname);
                 s->shape[1] = t->shape[1] / MX_BLOCK;
@@ -550,7 +557,7 @@ typedef struct {                 /* the first failure inside the parallel loop *
 
 static float g_fp8[256];         /* E4M3FN byte -> value */
 
-static void read_exact(int fd, void *buf, size_t n, size_t off, Failure *fail) {
+static int read_ok(int fd, void *buf, size_t n, size_t off, Failure *fail) {
     char *p = buf;
     while (n) {
         ssize_t r = pread(fd, p, n, (off_t)off);
@@ -558,10 +565,11 @@ static void read_exact(int fd, void *buf, size_t n, size_t off, Failure *fail) {
         if (r <= 0) {
             #pragma omp critical(convert_fail)
             if (!fail->what) { fail->what = 1; fail->err = r < 0 ? errno : EIO; }
-            return;
+            return 0;
         }
         p += r; n -= (size_t)r; off += (size_t)r;
     }
+    return 1;
 }
 
 static int write_ok(int fd, const void *buf, size_t n, size_t off, Failure *fail) {
@@ -652,13 +660,17 @@ typedef struct {                 /* what the streaming loop needs besides the te
     double t0, last_print;
 } Stream;
 
+/* Called by the main thread only (OpenMP thread 0), at most five times a second. */
 static void show_progress(Stream *st, int final) {
     double t = now_s();
     if (!final && t - st->last_print < 0.2) return;
     st->last_print = t;
+    size_t done;
+    #pragma omp atomic read
+    done = st->done;
     char what[64];
     snprintf(what, sizeof what, "convert %d/%d tensors", st->tensors_done, st->tensors_total);
-    progress(what, final ? st->total : st->done, st->total, st->t0);
+    progress(what, final ? st->total : done, st->total, st->t0);
 }
 
 static void stream_tensor(Stream *st, const OutTensor *t) {
@@ -707,7 +719,7 @@ static void stream_tensor(Stream *st, const OutTensor *t) {
         int64_t r0 = u * unit, r1 = r0 + unit < rows ? r0 + unit : rows;
         size_t in_n = (size_t)(r1 - r0) * in_row;
         s->in = grow(s->in, &s->in_cap, in_n);
-        read_exact(in_fd, s->in, in_n, in_off + (size_t)r0 * in_row, &fail);
+        if (!read_ok(in_fd, s->in, in_n, in_off + (size_t)r0 * in_row, &fail)) continue;
         if (copy) {
             write_ok(st->out_fd, s->in, in_n, out_off + (size_t)r0, &fail);
         } else {
@@ -1026,7 +1038,7 @@ int convert_main(int argc, char **argv) {
         else if (!out) out = a;
         else glm_fatal("convert: unexpected argument '%s' (see glm convert --help)", a);
     }
-    if (!in || !out) { convert_usage(); glm_fatal("convert: IN_DIR and OUT_DIR are required"); }
+    if (!in || !out) glm_fatal("convert: IN_DIR and OUT_DIR are required (see glm convert --help)");
     double t0 = now_s();
 #ifdef _OPENMP
     if (o.threads) omp_set_num_threads(o.threads);

@@ -922,6 +922,8 @@ static double g_bytes_read;       /* weight + cache bytes touched, for GB/s repo
 static double g_flops;            /* floating-point operations (2 per multiply-add), for FLOP/s reports */
 static float *g_x_split;          /* [g_scratch_cols] MXFP4 activation order, see split_even_odd */
 static float *g_panel;            /* [g_threads][33][g_scratch_cols] prefill panels (32 rows k-major + one row) */
+static int g_prefill_bf16;        /* --prefill-bf16: prefill products with bf16 inputs (2x the FMA rate, ~1e-3 error) */
+static uint16_t *g_x_bf16;        /* [cap][g_scratch_cols + 1] activations rounded to bf16 for that mode */
 
 static void scratch_init(int max_cols) {
 #ifdef _OPENMP
@@ -931,6 +933,7 @@ static void scratch_init(int max_cols) {
     g_row_scratch = xmalloc((size_t)g_threads * (size_t)max_cols * sizeof(float));
     g_x_split = xmalloc((size_t)max_cols * sizeof(float));
     g_panel = xcalloc((size_t)g_threads * 33 * (size_t)max_cols, sizeof(float));
+    g_x_bf16 = xcalloc((size_t)64 * (max_cols + 1), sizeof(uint16_t)); /* 64 = the chunk size of RunState */
 }
 
 static int thread_id(void) {
@@ -1054,6 +1057,33 @@ static void matmul_rows(float *y, int ldy, const float *x, int ldx, const Mat *W
     if (n == 1) {
 #pragma omp parallel for schedule(static) if (parallel)
         for (int i = 0; i < nr; i++) y[i] = row_dot(W, r0 + i, x);
+        return;
+    }
+    if (g_prefill_bf16 && kernels.gemm_panel_bf16) {
+        /* as below, with the panel and the activations rounded to bf16 pairs */
+        const int K = W->cols, K2 = (K + 1) & ~1, KC = 512;
+        for (int t = 0; t < n; t++) {
+            uint16_t *xb = g_x_bf16 + (size_t)t * K2;
+            for (int k = 0; k < K; k++) xb[k] = f32_to_bf16(x[(size_t)t * ldx + k]);
+            if (K2 > K) xb[K] = 0;
+        }
+#pragma omp parallel if (parallel)
+        {
+            float *row = g_panel + (size_t)thread_id() * 33 * g_scratch_cols + (size_t)32 * g_scratch_cols;
+            uint16_t *panel = (uint16_t *)(g_panel + (size_t)thread_id() * 33 * g_scratch_cols); /* [K2/2][32][2] */
+#pragma omp for schedule(dynamic, 1)
+            for (int rb = 0; rb < nr; rb += 32) {
+                int nj = nr - rb < 32 ? nr - rb : 32;
+                for (int j = 0; j < nj; j++) {
+                    mat_dequant_row(W, r0 + rb + j, row);
+                    for (int k = 0; k < K; k++) panel[(size_t)(k / 2) * 64 + 2 * j + (k & 1)] = f32_to_bf16(row[k]);
+                    if (K2 > K) panel[(size_t)(K / 2) * 64 + 2 * j + 1] = 0;
+                }
+                for (int t = 0; t < n; t++) memset(y + (size_t)t * ldy + rb, 0, (size_t)nj * sizeof(float));
+                for (int k0 = 0; k0 < K2; k0 += KC)
+                    kernels.gemm_panel_bf16(panel + (size_t)k0 * 32, K2 - k0 < KC ? K2 - k0 : KC, g_x_bf16 + k0, K2, n, y + rb, ldy, nj);
+            }
+        }
         return;
     }
     if (kernels.gemm_panel) {
@@ -1586,6 +1616,7 @@ static void usage(void) {
             "  synth    OUT_DIR [--layers N] [--experts E] [--format mxfp4|bf16]   random real-width checkpoint\n"
             "  convert  IN_DIR OUT_DIR [--attn] [--all-linear]  BF16/FP8 checkpoint -> Quark MXFP4\n"
             "options: --ctx N (context length, default 4096), -t N (threads), --tokenizer FILE (default DIR/tokenizer.json)\n"
+            "         --prefill-bf16: prompt products with bf16 activations (AVX512-BF16; ~2x faster, ~1e-3 relative error)\n"
             "sampling: --temp 0 is greedy; defaults --temp 1 --top-p 0.95 (GLM-5.2 generation_config)\n");
 #ifdef GLM_GPU
     fprintf(stderr, "         --gpu (forward pass on the GPU), --gpus N (layers split across N GPUs)\n");
@@ -1620,6 +1651,7 @@ static void parse_args(Args *a, int argc, char **argv) {
         int has = i + 1 < argc;
         if (!strcmp(f, "--decode")) { a->decode = 1; continue; }
         if (!strcmp(f, "--no-think")) { a->no_think = 1; continue; }
+        if (!strcmp(f, "--prefill-bf16")) { g_prefill_bf16 = 1; continue; }
 #ifdef GLM_GPU
         if (!strcmp(f, "--gpu")) { a->gpu = 1; if (!a->n_gpus) a->n_gpus = 1; continue; }
         if (!strcmp(f, "--gpus")) {
@@ -1731,7 +1763,9 @@ static void session_close(Session *S) {
     free(g_row_scratch);
     free(g_x_split);
     free(g_panel);
+    free(g_x_bf16);
     g_row_scratch = g_x_split = g_panel = NULL;
+    g_x_bf16 = NULL;
 }
 
 /* glm logits: float32 [n][V] for the whole sequence, by prefill or one token at a time. */

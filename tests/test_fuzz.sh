@@ -88,6 +88,33 @@ else
     done
 fi
 
+# ---- 1b. tokenizer.json files the loader must refuse (as HF does) ---------------------------
+# fuzz/regressions/tokenizer_load/merge-*.json: a merge whose part is not in the vocabulary (or
+# empty) was accepted when the concatenation happened to be the next expected merged token.
+cat > "$OUT/tok_reject.c" <<'CEOF'
+#include "tokenizer.h"
+#include <stdio.h>
+int main(int argc, char **argv) {
+    int bad = 0;
+    for (int i = 1; i < argc; i++) {
+        char err[512];
+        Tokenizer *t = tokenizer_load(argv[i], err, sizeof err);
+        if (t) { printf("loaded %s\n", argv[i]); bad = 1; tokenizer_free(t); }
+        else printf("%s\n", err);
+    }
+    return bad;
+}
+CEOF
+if ${CC:-cc} -std=c11 -I. -o "$OUT/tok_reject" "$OUT/tok_reject.c" tokenizer.c json.c -lm 2>"$OUT/tok_reject.log"; then
+    for f in fuzz/regressions/tokenizer_load/merge-*.json; do
+        msg=$("$OUT/tok_reject" "$f"); rc=$?
+        if [ "$rc" -eq 0 ] && [[ "$msg" == *merge* ]]; then ok "tokenizer_rejects_$(basename "$f" .json)"
+        else bad "tokenizer_rejects_$(basename "$f" .json): $msg"; fi
+    done
+else
+    bad "tokenizer_rejects: build failed: $(head -n 3 "$OUT/tok_reject.log")"
+fi
+
 # ---- 2. build ------------------------------------------------------------------------------
 if ! make -s fuzz >"$OUT/build.log" 2>&1; then
     bad "make fuzz (needs clang + libFuzzer: apt-get install clang-14 libclang-rt-14-dev): $(tail -n 5 "$OUT/build.log" | tr '\n' ' ')"
@@ -116,7 +143,8 @@ elif [ "$FUZZ_SECONDS" -gt 0 ]; then
     for t in $TARGETS; do
         mkdir -p "$OUT/run-$t" "$OUT/art-$t"
         cp fuzz/corpus/$t/* "$OUT/run-$t/" 2>/dev/null
-        if fuzz/bin/fuzz_$t -max_total_time="$FUZZ_SECONDS" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
+        dict=(); [ -f fuzz/dict/$t.dict ] && dict=(-dict=fuzz/dict/$t.dict)
+        if fuzz/bin/fuzz_$t "${dict[@]}" -max_total_time="$FUZZ_SECONDS" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
                 -artifact_prefix="$OUT/art-$t/" "$OUT/run-$t" >"$OUT/fuzz-$t.log" 2>&1; then
             ok "fuzz_$t ${FUZZ_SECONDS}s: $(grep -E '^stat::number_of_executed_units' "$OUT/fuzz-$t.log" | awk '{print $2}') runs"
         else

@@ -196,11 +196,12 @@ void mat_dequant_row(const Mat *W, int r, float *out);
 /* GPU forward pass (glm_hip.hip; linked only into the GLM_GPU builds: make hip | cuda | emu).
  * gpu_load prints the plan (layers and bytes per device), stops if it does not fit,
  * then uploads the weights; the KV cache lives on the devices. gpu_forward mirrors
- * glm.c's forward() (logits NULL: keep the last token's logits on the device for
- * gpu_sample, which draws with u uniform in [0, 1) from the CPU's generator). */
+ * glm.c's forward() for tokens at positions pos.. (the caller's kv->pos); the last
+ * token's logits stay on the device for gpu_sample, which draws with u uniform in
+ * [0, 1) from the CPU's generator. */
 typedef struct GpuModel GpuModel;
 GpuModel *gpu_load(const Model *m, int n_gpus, int ctx);
-void gpu_forward(GpuModel *g, const int *tokens, int n, float *logits, int all_logits);
+void gpu_forward(GpuModel *g, int pos, const int *tokens, int n, float *logits, int all_logits);
 int gpu_sample(GpuModel *g, float temperature, float top_p, float u);
 void gpu_free(GpuModel *g);
 
@@ -224,7 +225,7 @@ typedef struct {
     double (*fma_peak)(void);                                  /* fp32 FLOP/s, all threads */
 } Kernels;
 extern Kernels kernels;
-void kernels_init(const char *want);   /* want "c" forces the plain loops */
+void kernels_init(const char *want);   /* want "c" forces the plain loops, "avx2" the AVX2 set */
 
 /* Commands that live in their own files; argv[0] is the command name. */
 int synth_main(int argc, char **argv);   /* synth.c */

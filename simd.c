@@ -15,6 +15,9 @@
  *          at once. x is pre-split per 32-block into its 16 even and 16 odd
  *          elements to match the low/high nibbles of the packed bytes.
  * Four rows are done together so each load of x feeds four FMAs.
+ *
+ * GLM_KERNELS=c forces the plain loops, GLM_KERNELS=avx2 the AVX2 set (the fallback
+ * for CPUs without AVX-512), otherwise the best the CPU has is taken.
  */
 #include "glm.h"
 
@@ -356,6 +359,111 @@ BF16 static void gemm_panel_bf16_avx512(const uint16_t *P, int K, const uint16_t
     for (; t < n; t++) gemm_bf16_tile1(P, K, X + (size_t)t * ldx, ldx, Y + (size_t)t * ldy, ldy, m0, m1);
 }
 
+/* ------------------------------------------------------------------------ */
+/* AVX2 + FMA: the same kernels 8 lanes wide, for CPUs without AVX-512. The
+ * 16-entry E2M1 table does not fit one 8-lane permute, so the 3 magnitude bits
+ * index an 8-entry table and the sign bit is xor-ed in. */
+#define AVX2 __attribute__((target("avx2,fma")))
+
+AVX2 static inline float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+AVX2 static inline __m256 bf16x8(const uint16_t *p) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
+}
+
+AVX2 static inline __m256 fp8x8_scaled(const uint8_t *p) { /* times 2^-120, as fp8x16_scaled */
+    __m256i d = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p));
+    return _mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32(d, 20), _mm256_set1_epi32((int)0x87F00000u)));
+}
+
+AVX2 static inline __m256 e2m1x8(__m256i nib, __m256 lut8) { /* nib: 4-bit codes in 32-bit lanes */
+    __m256 mag = _mm256_permutevar8x32_ps(lut8, nib); /* uses the low 3 bits */
+    __m256i sign = _mm256_slli_epi32(_mm256_and_si256(nib, _mm256_set1_epi32(8)), 28);
+    return _mm256_xor_ps(mag, _mm256_castsi256_ps(sign));
+}
+
+AVX2 static float dot_f32_avx2(const float *a, const float *b, int n) {
+    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
+    }
+    float sum = hsum8(_mm256_add_ps(s0, s1));
+    for (; i < n; i++) sum += a[i] * b[i];
+    return sum;
+}
+
+AVX2 static void axpy_f32_avx2(float *y, float a, const float *x, int n) {
+    __m256 av = _mm256_set1_ps(a);
+    int i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_fmadd_ps(av, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+    for (; i < n; i++) y[i] += a * x[i];
+}
+
+/* One row at a time (two chains); tails in scalar code. */
+AVX2 static float row_dot_avx2(const Mat *W, int r, const float *x, const float *xs) {
+    const int n = W->cols;
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    float tail = 0.0f;
+    int k = 0;
+    switch (W->fmt) {
+    case WF_F32: return dot_f32_avx2((const float *)W->w + (size_t)r * n, x, n);
+    case WF_BF16: {
+        const uint16_t *w = (const uint16_t *)W->w + (size_t)r * n;
+        for (; k + 16 <= n; k += 16) {
+            a0 = _mm256_fmadd_ps(bf16x8(w + k), _mm256_loadu_ps(x + k), a0);
+            a1 = _mm256_fmadd_ps(bf16x8(w + k + 8), _mm256_loadu_ps(x + k + 8), a1);
+        }
+        for (; k < n; k++) tail += bf16_to_f32(w[k]) * x[k];
+        return hsum8(_mm256_add_ps(a0, a1)) + tail;
+    }
+    case WF_FP8: {
+        const uint8_t *w = W->w + (size_t)r * n;
+        const float *scale = W->fp8_scale + (size_t)(r / 128) * ((n + 127) / 128);
+        float sum = 0.0f;
+        for (int b = 0; b * 128 < n; b++) {
+            int end = b * 128 + 128 < n ? b * 128 + 128 : n;
+            a0 = a1 = _mm256_setzero_ps();
+            float part = 0.0f;
+            for (k = b * 128; k + 16 <= end; k += 16) {
+                a0 = _mm256_fmadd_ps(fp8x8_scaled(w + k), _mm256_loadu_ps(x + k), a0);
+                a1 = _mm256_fmadd_ps(fp8x8_scaled(w + k + 8), _mm256_loadu_ps(x + k + 8), a1);
+            }
+            for (; k < end; k++) part += fp8_table[w[k]] * x[k];
+            sum += (hsum8(_mm256_add_ps(a0, a1)) * 0x1p120f + part) * scale[b];
+        }
+        return sum;
+    }
+    case WF_MXFP4: {
+        const uint8_t *w = W->w + (size_t)r * (n / 2), *sc = W->mx_scale + (size_t)r * (n / 32);
+        const __m256 lut8 = _mm256_loadu_ps(e2m1_value);
+        __m256 t = _mm256_setzero_ps();
+        for (int b = 0; b < n / 32; b++) {
+            __m256i d0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(w + 16 * b)));
+            __m256i d1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(w + 16 * b + 8)));
+            /* xs: 16 even then 16 odd elements of the block; low nibbles are the evens */
+            __m256 v = _mm256_mul_ps(e2m1x8(d0, lut8), _mm256_loadu_ps(xs + 32 * b));
+            v = _mm256_fmadd_ps(e2m1x8(d1, lut8), _mm256_loadu_ps(xs + 32 * b + 8), v);
+            v = _mm256_fmadd_ps(e2m1x8(_mm256_srli_epi32(d0, 4), lut8), _mm256_loadu_ps(xs + 32 * b + 16), v);
+            v = _mm256_fmadd_ps(e2m1x8(_mm256_srli_epi32(d1, 4), lut8), _mm256_loadu_ps(xs + 32 * b + 24), v);
+            t = _mm256_fmadd_ps(v, _mm256_set1_ps(e8m0_table[sc[b]]), t);
+        }
+        return hsum8(t);
+    }
+    }
+    return 0.0f;
+}
+
+AVX2 static void matvec_avx2(const Mat *W, int r0, int nr, const float *x, const float *xs, float *y) {
+    for (int i = 0; i < nr; i++) y[i] = row_dot_avx2(W, r0 + i, x, xs);
+}
+
 static int cpu_has_avx512(void) {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
@@ -363,7 +471,6 @@ static int cpu_has_avx512(void) {
 }
 #endif
 
-/* The kernel table glm.c calls through. NULL entries mean "use the plain C loop". */
 /* Plain C versions of the two machine measurements (for CPUs without AVX-512). */
 static double read_bandwidth_plain(const uint8_t *buf, size_t n) {
     double t0 = now_s();
@@ -396,6 +503,7 @@ static double fma_peak_plain(void) {
     return sink == 42.0f ? 0.0 : 2.0 * 8 * iters * threads / (now_s() - t0);
 }
 
+/* The kernel table glm.c calls through. NULL entries mean "use the plain C loop". */
 Kernels kernels = {"plain C", NULL, NULL, NULL, NULL, NULL, NULL, read_bandwidth_plain, fma_peak_plain};
 
 void kernels_init(const char *want) {
@@ -403,6 +511,12 @@ void kernels_init(const char *want) {
     kernels = plain;
     if (want && !strcmp(want, "c")) return;
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+        Kernels k = {"AVX2", matvec_avx2, NULL, NULL, NULL, dot_f32_avx2, axpy_f32_avx2, read_bandwidth_plain, fma_peak_plain};
+        kernels = k;
+    }
+    if (want && !strcmp(want, "avx2")) return; /* GLM_KERNELS=avx2: test the AVX2 set on an AVX-512 machine */
     if (cpu_has_avx512()) {
         Kernels k = {"AVX-512", matvec_avx512, dequant_row_avx512, gemm_panel_avx512, NULL, dot_f32_avx512, axpy_f32_avx512,
                      read_bandwidth_avx512, fma_peak_avx512};

@@ -41,11 +41,21 @@ static Mat make_mat(WeightFormat fmt, int rows, int cols, void **w, void **scale
     return W;
 }
 
+static int test_set(const char *want);
+
 int main(void) {
     number_tables_init();
-    kernels_init(NULL);
+    test_set("avx2"); /* the fallback set, forced */
+    test_set(NULL);   /* the best set this CPU has */
+    printf("%d passed, %d failed\n", passed, failed);
+    return failed != 0;
+}
+
+/* Compares one kernel set with the plain loops; entries it lacks are skipped. */
+static int test_set(const char *want) {
+    kernels_init(want);
     Kernels simd = kernels;
-    if (!simd.matvec) { printf("no SIMD kernels on this CPU: nothing to compare\n0 passed, 0 failed\n"); return 0; }
+    if (!simd.matvec) { printf("no SIMD kernels for '%s' on this CPU\n", want ? want : "best"); return 0; }
     printf("comparing %s kernels with the plain C loops\n", simd.name);
     const char *names[] = {"F32", "BF16", "FP8", "MXFP4"};
     const int rows_list[] = {1, 3, 4, 5, 9, 130};
@@ -72,7 +82,8 @@ int main(void) {
                     kernels.dequant_row = NULL; /* the plain loop */
                     mat_dequant_row(&W, r, plain);
                     kernels = simd;
-                    simd.dequant_row(&W, r, fast);
+                    if (simd.dequant_row) simd.dequant_row(&W, r, fast);
+                    else memcpy(fast, plain, (size_t)cols * 4);
                     double ref = 0, mag = 0;
                     for (int i = 0; i < cols; i++) {
                         ref += (double)plain[i] * x[i];
@@ -84,7 +95,7 @@ int main(void) {
                     if (e > worst) worst = e;
                 }
                 char what[96];
-                snprintf(what, sizeof what, "matvec %s %dx%d", names[f], rows, cols);
+                snprintf(what, sizeof what, "%s matvec %s %dx%d", simd.name, names[f], rows, cols);
                 check(what, worst < 1e-5, worst);
                 snprintf(what, sizeof what, "dequant_row %s %dx%d", names[f], rows, cols);
                 check(what, worst_deq == 0, worst_deq);
@@ -93,7 +104,7 @@ int main(void) {
     }
     /* the prefill micro-kernel: every token-group path (12, 4, 1) and partial panels */
     const int gemm_cases[][3] = {{1, 1, 32}, {5, 7, 17}, {17, 33, 32}, {29, 100, 9}, {64, 512, 32}, {3, 513, 16}};
-    for (int c = 0; c < 6; c++) {
+    for (int c = 0; c < 6 && simd.gemm_panel; c++) {
         int n = gemm_cases[c][0], K = gemm_cases[c][1], nj = gemm_cases[c][2], ldx = K + 3, ldy = nj + 5;
         float *P = malloc((size_t)K * 32 * 4), *X = malloc((size_t)n * ldx * 4), *Y = malloc((size_t)n * ldy * 4);
         for (int i = 0; i < K * 32; i++) P[i] = rndf();
@@ -157,6 +168,5 @@ int main(void) {
         check(what, ea < 1e-6, ea);
         free(a); free(b); free(y1); free(y2);
     }
-    printf("%d passed, %d failed\n", passed, failed);
-    return failed != 0;
+    return 0;
 }

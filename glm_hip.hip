@@ -1,0 +1,1426 @@
+/* glm_hip.hip - the GLM-5.2 forward pass on GPUs, with handwritten kernels.
+ *
+ * One source for three builds:
+ *   make hip    hipcc, AMD (default --offload-arch=gfx942,gfx950; GPU_ARCH=gfx90a etc.)
+ *   make cuda   nvcc, NVIDIA (sm_90 by default), through the compatibility section below
+ *   make emu    plain C++ on the CPU under tests/hip_emu.h (WARP=32 or 64), for CI
+ *
+ * It computes the same function as glm.c's forward() (sections 5-6 there), op by op
+ * and in the same order; the names follow glm.c (matmul, rmsnorm, layernorm, rope,
+ * indexer_select + topk_select, mla_attend_absorbed, attention, swiglu, moe_route, moe,
+ * forward). The tie rules are part of that function: top-k keeps the higher score,
+ * then the lower index; the q_a / kv_a latent norms use eps 1e-6; attention is the
+ * absorbed MLA over the latent cache restricted to the indexer's selection, and
+ * "shared" layers reuse the selection of the last "full" layer (IndexShare).
+ *
+ * Nothing assumes a wave width: AMD gfx9 waves are 64 lanes, NVIDIA warps 32. Blocks
+ * are 256 threads (a multiple of both); WAVE is only used for lane arithmetic.
+ * Activations and accumulations are fp32; weights stay in their file format in
+ * device memory and are decoded in registers (weight-only quantization, as on the CPU).
+ *
+ * Several GPUs: the decoder layers are split into contiguous ranges, one per device;
+ * each device holds its layers' weights and KV cache plus its own scratch. The
+ * residual stream (and the indexer selection, which IndexShare carries from layer to
+ * layer) is copied to the next device at a range boundary. Device 0 also holds the
+ * embedding, the last device the final norm and lm_head.
+ */
+
+/* ======================================================================== */
+/* 0. compatibility: HIP, CUDA, or the CPU emulation                        */
+
+#if defined(GLM_EMU)
+#include "tests/hip_emu.h" /* defines WAVE, SHFL_XOR, LAUNCH, DYN_SHARED and the hip* API */
+#define UNROLL
+
+#elif defined(__CUDACC__)
+#include <cuda_runtime.h>
+#define WAVE 32
+#define UNROLL _Pragma("unroll")
+/* CUDA 9+ requires the _sync shuffles; every lane of the warp takes part in ours */
+#define SHFL_XOR(v, m) __shfl_xor_sync(0xffffffffu, (v), (m), WAVE)
+#define LAUNCH(k, grid, block, shmem, stream, ...) k<<<(grid), (block), (shmem), (stream)>>>(__VA_ARGS__)
+#define hipError_t cudaError_t
+#define hipSuccess cudaSuccess
+#define hipGetErrorString cudaGetErrorString
+#define hipGetLastError cudaGetLastError
+#define hipGetDeviceCount cudaGetDeviceCount
+#define hipSetDevice cudaSetDevice
+#define hipGetDeviceProperties cudaGetDeviceProperties
+#define hipDeviceProp_t cudaDeviceProp
+#define hipMemGetInfo cudaMemGetInfo
+#define hipMalloc cudaMalloc
+#define hipFree cudaFree
+#define hipHostMalloc(p, n, flags) cudaMallocHost((p), (n))
+#define hipHostFree cudaFreeHost
+#define hipMemcpy cudaMemcpy
+#define hipMemcpyAsync cudaMemcpyAsync
+#define hipMemcpyPeer cudaMemcpyPeer
+#define hipMemset cudaMemset
+#define hipMemsetAsync cudaMemsetAsync
+#define hipMemcpyHostToDevice cudaMemcpyHostToDevice
+#define hipMemcpyDeviceToHost cudaMemcpyDeviceToHost
+#define hipMemcpyDeviceToDevice cudaMemcpyDeviceToDevice
+#define hipDeviceSynchronize cudaDeviceSynchronize
+#define hipStream_t cudaStream_t
+#define hipEvent_t cudaEvent_t
+#define hipEventCreate cudaEventCreate
+#define hipEventDestroy cudaEventDestroy
+#define hipEventRecord cudaEventRecord
+#define hipEventSynchronize cudaEventSynchronize
+#define hipEventElapsedTime cudaEventElapsedTime
+
+#else /* HIP on AMD */
+#include <hip/hip_runtime.h>
+/* warpSize is not a compile-time constant from ROCm 7 on, and __AMDGCN_WAVEFRONT_SIZE
+ * is gone from recent clang: decide from the target. gfx9 (MI300X gfx942, MI355X
+ * gfx950, MI250 gfx90a) is wave64; RDNA compiles wave32 by default. The host pass
+ * never uses WAVE for anything but array bounds. */
+#if defined(__AMDGCN_WAVEFRONT_SIZE)
+#define WAVE __AMDGCN_WAVEFRONT_SIZE
+#elif defined(__GFX9__) || !defined(__HIP_DEVICE_COMPILE__)
+#define WAVE 64
+#else
+#define WAVE 32
+#endif
+#define UNROLL _Pragma("unroll")
+/* The xor shuffle through ds_bpermute: present in every ROCm, unlike __shfl_xor_sync
+ * (ROCm 6.2+) or the mask-less __shfl_xor (deprecated later). */
+__device__ __forceinline__ float shfl_xor_f32(float v, int m) {
+    int lane = (int)(threadIdx.x % WAVE);
+    return __int_as_float(__builtin_amdgcn_ds_bpermute((lane ^ m) << 2, __float_as_int(v)));
+}
+__device__ __forceinline__ int shfl_xor_i32(int v, int m) {
+    int lane = (int)(threadIdx.x % WAVE);
+    return __builtin_amdgcn_ds_bpermute((lane ^ m) << 2, v);
+}
+__device__ __forceinline__ float shfl_xor_any(float v, int m) { return shfl_xor_f32(v, m); }
+__device__ __forceinline__ int shfl_xor_any(int v, int m) { return shfl_xor_i32(v, m); }
+#define SHFL_XOR(v, m) shfl_xor_any((v), (m))
+#define LAUNCH(k, grid, block, shmem, stream, ...) hipLaunchKernelGGL(k, (grid), (block), (shmem), (stream), __VA_ARGS__)
+#endif
+
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+extern "C" {
+#include "glm.h"
+}
+
+#define BLOCK 256        /* threads per block everywhere: 4 waves of 64 or 8 warps of 32 */
+#define MAX_WAVES (BLOCK / 32)
+#define GEMV_ROWS 8      /* matrix rows per block in the matrix-vector kernels */
+#define GEMV_MAXN 8      /* up to this many tokens share one pass over the weights; more: tiled */
+#define TM 64            /* tiled matrix product: rows x tokens x depth per tile */
+#define TN 32
+#define TK 32
+#define GPU_MAX_DEVICES 16
+
+/* ======================================================================== */
+/* 1. numbers (glm.c §1), decoded with bit operations: no tables in device memory */
+
+struct DMat {            /* a Mat whose bytes live in device memory */
+    int fmt, rows, cols;
+    const uint8_t *w;
+    const float *fp8_scale;  /* FP8: [ceil(rows/128)][ceil(cols/128)] */
+    const uint8_t *mx_scale; /* MXFP4: [rows][cols/32] */
+};
+
+__device__ __forceinline__ float bf16_f32(uint32_t b) { return __uint_as_float(b << 16); }
+
+/* OCP E4M3FN: bias 7, S.1111.111 is NaN; subnormals are man * 2^-9. */
+__device__ __forceinline__ float fp8_f32(uint32_t b) {
+    uint32_t e = (b >> 3) & 15, m = b & 7;
+    float v = e ? __uint_as_float(((e + 120) << 23) | (m << 20)) : (float)m * 0.001953125f;
+    if ((b & 0x7f) == 0x7f) v = __uint_as_float(0x7fc00000u);
+    return (b & 0x80) ? -v : v;
+}
+
+/* E2M1 nibble: 0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives. */
+__device__ __forceinline__ float e2m1_f32(uint32_t c) {
+    uint32_t e = (c >> 1) & 3, m = c & 1;
+    float v = e ? __uint_as_float(((e + 126) << 23) | (m << 22)) : 0.5f * (float)m;
+    return (c & 8) ? -v : v;
+}
+
+/* E8M0: 2^(s-127); s = 0 is the fp32 subnormal 2^-127; 255 is NaN. */
+__device__ __forceinline__ float e8m0_f32(uint32_t s) {
+    if (s == 255) return __uint_as_float(0x7fc00000u);
+    return s ? __uint_as_float(s << 23) : __uint_as_float(0x00400000u);
+}
+
+/* W[r][k] as mat_dequant_row() computes it (same products, so the same bits). */
+__device__ __forceinline__ float mat_elem(const DMat &W, int r, int k) {
+    switch (W.fmt) {
+    case WF_F32: return ((const float *)W.w)[(size_t)r * W.cols + k];
+    case WF_BF16: return bf16_f32(((const uint16_t *)W.w)[(size_t)r * W.cols + k]);
+    case WF_FP8: return fp8_f32(W.w[(size_t)r * W.cols + k]) * W.fp8_scale[(size_t)(r / 128) * ((W.cols + 127) / 128) + k / 128];
+    default: {
+        uint32_t byte = W.w[(size_t)r * (W.cols / 2) + k / 2];
+        return e2m1_f32((k & 1) ? byte >> 4 : byte & 15) * e8m0_f32(W.mx_scale[(size_t)r * (W.cols / 32) + k / 32]);
+    }
+    }
+}
+
+/* ======================================================================== */
+/* 2. reductions: waves with xor shuffles, blocks through shared memory      */
+
+__device__ __forceinline__ float wave_sum(float v) {
+    for (int m = WAVE / 2; m > 0; m >>= 1) v += SHFL_XOR(v, m);
+    return v;
+}
+__device__ __forceinline__ float wave_max(float v) {
+    for (int m = WAVE / 2; m > 0; m >>= 1) v = fmaxf(v, SHFL_XOR(v, m));
+    return v;
+}
+
+/* Every thread gets the sum; each adds the per-wave partials in the same order, so
+ * all threads agree bit for bit. The leading barrier lets callers reuse `red`. */
+__device__ float block_sum(float v) {
+    __shared__ float red[MAX_WAVES];
+    v = wave_sum(v);
+    int lane = threadIdx.x % WAVE, w = threadIdx.x / WAVE, nw = blockDim.x / WAVE;
+    __syncthreads();
+    if (lane == 0) red[w] = v;
+    __syncthreads();
+    float s = 0.0f;
+    for (int i = 0; i < nw; i++) s += red[i];
+    return s;
+}
+
+__device__ float block_max(float v) {
+    __shared__ float red[MAX_WAVES];
+    v = wave_max(v);
+    int lane = threadIdx.x % WAVE, w = threadIdx.x / WAVE, nw = blockDim.x / WAVE;
+    __syncthreads();
+    if (lane == 0) red[w] = v;
+    __syncthreads();
+    float s = red[0];
+    for (int i = 1; i < nw; i++) s = fmaxf(s, red[i]);
+    return s;
+}
+
+/* glm.c's better(): higher score first, then the lower index. Index -1 = nothing. */
+__device__ __forceinline__ bool better(float va, int ia, float vb, int ib) {
+    if (ib < 0) return ia >= 0;
+    if (ia < 0) return false;
+    return va > vb || (va == vb && ia < ib);
+}
+
+/* The best (value, index) of the block; every thread gets it. */
+__device__ void block_best(float &v, int &idx) {
+    __shared__ float rv[MAX_WAVES];
+    __shared__ int ri[MAX_WAVES];
+    for (int m = WAVE / 2; m > 0; m >>= 1) {
+        float ov = SHFL_XOR(v, m);
+        int oi = SHFL_XOR(idx, m);
+        if (better(ov, oi, v, idx)) { v = ov; idx = oi; }
+    }
+    int lane = threadIdx.x % WAVE, w = threadIdx.x / WAVE, nw = blockDim.x / WAVE;
+    __syncthreads();
+    if (lane == 0) { rv[w] = v; ri[w] = idx; }
+    __syncthreads();
+    v = rv[0]; idx = ri[0];
+    for (int i = 1; i < nw; i++)
+        if (better(rv[i], ri[i], v, idx)) { v = rv[i]; idx = ri[i]; }
+}
+
+/* Exclusive prefix sum of one int per thread, in thread order (Hillis-Steele). */
+__device__ int block_exclusive_scan(int v, int *total) {
+    __shared__ int s[BLOCK];
+    int t = threadIdx.x;
+    __syncthreads();
+    s[t] = v;
+    __syncthreads();
+    for (int off = 1; off < BLOCK; off <<= 1) {
+        int add = t >= off ? s[t - off] : 0;
+        __syncthreads();
+        s[t] += add;
+        __syncthreads();
+    }
+    *total = s[BLOCK - 1];
+    return s[t] - v;
+}
+
+/* ======================================================================== */
+/* 3. matrix products (glm.c §5): y[t][i] = Σ_k x[t][k] · W[r0+i][k]          */
+/*
+ * Decode (n <= GEMV_MAXN tokens): one wave per row, lanes stride over 16-byte chunks
+ * of the row (one MXFP4 block, 8 BF16, 16 FP8 values), so each weight byte is read
+ * once for all n tokens; a wave sum finishes the row. Prefill (more tokens): a tiled
+ * product, TM rows x TN tokens per block, with the tile of W dequantized into shared
+ * memory; its sums run over k in order, exactly as glm.c's dot() after
+ * mat_dequant_row(). `z` batches independent products (the per-head un-absorb).
+ */
+
+template <int NT>
+__device__ void gemv_rows(const DMat &W, const float *x, int ldx, float *y, int ldy, int r0, int nr, int n) {
+    const int lane = threadIdx.x % WAVE, nw = blockDim.x / WAVE, cols = W.cols;
+    for (int i = blockIdx.x * GEMV_ROWS + threadIdx.x / WAVE; i < (int)((blockIdx.x + 1) * GEMV_ROWS) && i < nr; i += nw) {
+        const int r = r0 + i;
+        float acc[NT];
+        UNROLL for (int t = 0; t < NT; t++) acc[t] = 0.0f;
+        if (W.fmt == WF_MXFP4) { /* 16 bytes = 32 nibbles = one E8M0 block */
+            const uint4 *w = (const uint4 *)(W.w + (size_t)r * (cols / 2));
+            const uint8_t *sc = W.mx_scale + (size_t)r * (cols / 32);
+            for (int b = lane; b < cols / 32; b += WAVE) {
+                uint4 q = w[b];
+                uint32_t word[4] = {q.x, q.y, q.z, q.w};
+                float v[32];
+                UNROLL for (int j = 0; j < 32; j++) v[j] = e2m1_f32((word[j / 8] >> (4 * (j % 8))) & 15);
+                float s = e8m0_f32(sc[b]);
+                UNROLL for (int t = 0; t < NT; t++) if (t < n) {
+                    const float *xb = x + (size_t)t * ldx + b * 32;
+                    float part = 0.0f;
+                    UNROLL for (int j = 0; j < 32; j++) part += v[j] * xb[j];
+                    acc[t] += part * s;
+                }
+            }
+        } else if (W.fmt == WF_BF16 && cols % 8 == 0) {
+            const uint4 *w = (const uint4 *)(W.w + (size_t)r * cols * 2);
+            for (int c = lane; c < cols / 8; c += WAVE) {
+                uint4 q = w[c];
+                uint32_t word[4] = {q.x, q.y, q.z, q.w};
+                float v[8];
+                UNROLL for (int j = 0; j < 8; j++) v[j] = bf16_f32((word[j / 2] >> (16 * (j % 2))) & 0xffff);
+                UNROLL for (int t = 0; t < NT; t++) if (t < n) {
+                    const float *xb = x + (size_t)t * ldx + c * 8;
+                    UNROLL for (int j = 0; j < 8; j++) acc[t] += v[j] * xb[j];
+                }
+            }
+        } else if (W.fmt == WF_FP8 && cols % 16 == 0) { /* one fp32 multiplier per 128x128 block */
+            const uint4 *w = (const uint4 *)(W.w + (size_t)r * cols);
+            const float *scale = W.fp8_scale + (size_t)(r / 128) * ((cols + 127) / 128);
+            for (int c = lane; c < cols / 16; c += WAVE) {
+                uint4 q = w[c];
+                uint32_t word[4] = {q.x, q.y, q.z, q.w};
+                float v[16];
+                UNROLL for (int j = 0; j < 16; j++) v[j] = fp8_f32((word[j / 4] >> (8 * (j % 4))) & 0xff);
+                float s = scale[c * 16 / 128];
+                UNROLL for (int t = 0; t < NT; t++) if (t < n) {
+                    const float *xb = x + (size_t)t * ldx + c * 16;
+                    float part = 0.0f;
+                    UNROLL for (int j = 0; j < 16; j++) part += v[j] * xb[j];
+                    acc[t] += part * s;
+                }
+            }
+        } else { /* F32, or rows not a multiple of 16 bytes: element by element */
+            for (int k = lane; k < cols; k += WAVE) {
+                float v = mat_elem(W, r, k);
+                UNROLL for (int t = 0; t < NT; t++) if (t < n) acc[t] += v * x[(size_t)t * ldx + k];
+            }
+        }
+        UNROLL for (int t = 0; t < NT; t++) {
+            float s = wave_sum(acc[t]);
+            if (lane == 0 && t < n) y[(size_t)t * ldy + i] = s;
+        }
+    }
+}
+
+__global__ void __launch_bounds__(BLOCK) k_gemv1(DMat W, const float *x, int ldx, float *y, int ldy, int r0, int nr, int zr, int zx, int zy) {
+    int z = blockIdx.z;
+    gemv_rows<1>(W, x + (size_t)z * zx, ldx, y + (size_t)z * zy, ldy, r0 + z * zr, nr, 1);
+}
+
+__global__ void __launch_bounds__(BLOCK) k_gemvn(DMat W, const float *x, int ldx, float *y, int ldy, int r0, int nr, int n, int zr, int zx, int zy) {
+    int z = blockIdx.z;
+    gemv_rows<GEMV_MAXN>(W, x + (size_t)z * zx, ldx, y + (size_t)z * zy, ldy, r0 + z * zr, nr, n);
+}
+
+/* The routed experts: block row y is one (token, slot) pair; its expert's matrix
+ * comes from a device table, so the choice never goes back to the host. */
+__global__ void __launch_bounds__(BLOCK) k_gemv_experts(const DMat *table, const int *idx, const float *x, int ldx, int x_div, float *y, int ldy, int nr) {
+    int slot = blockIdx.y;
+    DMat W = table[idx[slot]];
+    gemv_rows<1>(W, x + (size_t)(slot / x_div) * ldx, ldx, y + (size_t)slot * ldy, ldy, 0, nr, 1);
+}
+
+__global__ void __launch_bounds__(BLOCK) k_gemm(DMat W, const float *x, int ldx, float *y, int ldy, int r0, int nr, int n, int zr, int zx, int zy) {
+    __shared__ float ws[TM][TK + 1];
+    __shared__ float xs[TN][TK + 1];
+    const int z = blockIdx.z, row0 = blockIdx.x * TM, tok0 = blockIdx.y * TN, cols = W.cols;
+    x += (size_t)z * zx;
+    y += (size_t)z * zy;
+    r0 += z * zr;
+    const int tr = threadIdx.x % TM, tc = (threadIdx.x / TM) * (TN * TM / BLOCK); /* 8 tokens per thread */
+    float acc[TN * TM / BLOCK];
+    UNROLL for (int j = 0; j < TN * TM / BLOCK; j++) acc[j] = 0.0f;
+    for (int k0 = 0; k0 < cols; k0 += TK) {
+        for (int i = threadIdx.x; i < TM * TK; i += BLOCK) {
+            int r = i / TK, k = i % TK;
+            ws[r][k] = (row0 + r < nr && k0 + k < cols) ? mat_elem(W, r0 + row0 + r, k0 + k) : 0.0f;
+        }
+        for (int i = threadIdx.x; i < TN * TK; i += BLOCK) {
+            int t = i / TK, k = i % TK;
+            xs[t][k] = (tok0 + t < n && k0 + k < cols) ? x[(size_t)(tok0 + t) * ldx + k0 + k] : 0.0f;
+        }
+        __syncthreads();
+        for (int k = 0; k < TK && k0 + k < cols; k++) {
+            float w = ws[tr][k];
+            UNROLL for (int j = 0; j < TN * TM / BLOCK; j++) acc[j] += w * xs[tc + j][k];
+        }
+        __syncthreads();
+    }
+    UNROLL for (int j = 0; j < TN * TM / BLOCK; j++)
+        if (row0 + tr < nr && tok0 + tc + j < n) y[(size_t)(tok0 + tc + j) * ldy + row0 + tr] = acc[j];
+}
+
+/* ======================================================================== */
+/* 4. small ops (glm.c §6 "small ops")                                       */
+
+/* x[t] = embed[tokens[t]] (glm.c: mat_dequant_row on the embedding) */
+__global__ void __launch_bounds__(BLOCK) k_embed(DMat E, const int *tokens, float *x) {
+    int t = blockIdx.x, r = tokens[t];
+    for (int k = threadIdx.x; k < E.cols; k += blockDim.x) x[(size_t)t * E.cols + k] = mat_elem(E, r, k);
+}
+
+/* RMSNorm (§3.1), one row per block; y may be x. */
+__global__ void __launch_bounds__(BLOCK) k_rmsnorm(float *y, int ldy, const float *x, int ldx, const float *w, int n, float eps) {
+    const float *xr = x + (size_t)blockIdx.x * ldx;
+    float *yr = y + (size_t)blockIdx.x * ldy;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) ss += xr[i] * xr[i];
+    ss = block_sum(ss);
+    float r = 1.0f / sqrtf(ss / (float)n + eps);
+    for (int i = threadIdx.x; i < n; i += blockDim.x) yr[i] = w[i] * (xr[i] * r);
+}
+
+/* Interleaved RoPE on `nvec` vectors per token (heads), `dims` rotary dims starting at
+ * `off` in each. cos/sin come from a table the host filled with glm.c's own formula
+ * (double angles), so both paths rotate by the same fp32 numbers. */
+__device__ __forceinline__ void rope_pair(float *u, int i, const float *cs) {
+    float c = cs[2 * i], s = cs[2 * i + 1], a = u[2 * i], b = u[2 * i + 1];
+    u[2 * i] = a * c - b * s;
+    u[2 * i + 1] = a * s + b * c;
+}
+
+__global__ void __launch_bounds__(BLOCK) k_rope(float *v, int ld_tok, int nvec, int stride, int off, int dims, int pos0, const float *table) {
+    int t = blockIdx.x, half = dims / 2;
+    const float *cs = table + (size_t)(pos0 + t) * dims;
+    for (int j = threadIdx.x; j < nvec * half; j += blockDim.x)
+        rope_pair(v + (size_t)t * ld_tok + (size_t)(j / half) * stride + off, j % half, cs);
+}
+
+/* glm.c attention(): the token's cache row = [RMSNorm(c) (eps 1e-6), RoPE(k_pe)]. */
+__global__ void __launch_bounds__(BLOCK) k_kv_append(float *latent, const float *ckv, const float *norm_w, int KR, int DR, int pos0, const float *table) {
+    int t = blockIdx.x, AD = KR + DR;
+    const float *src = ckv + (size_t)t * AD;
+    float *row = latent + (size_t)(pos0 + t) * AD;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < KR; i += blockDim.x) ss += src[i] * src[i];
+    ss = block_sum(ss);
+    float r = 1.0f / sqrtf(ss / (float)KR + 1e-6f);
+    for (int i = threadIdx.x; i < KR; i += blockDim.x) row[i] = norm_w[i] * (src[i] * r);
+    const float *cs = table + (size_t)(pos0 + t) * DR;
+    for (int i = threadIdx.x; i < DR / 2; i += blockDim.x) {
+        float pair[2] = {src[KR + 2 * i], src[KR + 2 * i + 1]};
+        float c = cs[2 * i], s = cs[2 * i + 1];
+        row[KR + 2 * i] = pair[0] * c - pair[1] * s;
+        row[KR + 2 * i + 1] = pair[0] * s + pair[1] * c;
+    }
+}
+
+static __device__ __forceinline__ float silu_f(float x) { return x / (1.0f + expf(-x)); }
+static __device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+/* SwiGLU's middle: h1 = SiLU(h1) ⊙ h2 */
+__global__ void __launch_bounds__(BLOCK) k_silu_mul(float *h1, const float *h2, size_t n) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) h1[i] = silu_f(h1[i]) * h2[i];
+}
+
+/* residual add: x += y */
+__global__ void __launch_bounds__(BLOCK) k_add(float *x, const float *y, size_t n) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) x[i] += y[i];
+}
+
+/* ======================================================================== */
+/* 5. the DSA lightning indexer (§3.4)                                      */
+
+/* The token's indexer key: LayerNorm with bias (eps 1e-6), then RoPE on the first
+ * DR dims, written straight into the indexer-key cache. */
+__global__ void __launch_bounds__(BLOCK) k_ix_key(float *cache, const float *ix_k, const float *w, const float *b, int ID, int DR, int pos0, const float *table) {
+    int t = blockIdx.x;
+    const float *x = ix_k + (size_t)t * ID;
+    float *k = cache + (size_t)(pos0 + t) * ID;
+    float s = 0.0f;
+    for (int i = threadIdx.x; i < ID; i += blockDim.x) s += x[i];
+    float mean = block_sum(s) / (float)ID;
+    float v = 0.0f;
+    for (int i = threadIdx.x; i < ID; i += blockDim.x) v += (x[i] - mean) * (x[i] - mean);
+    float var = block_sum(v) / (float)ID, r = 1.0f / sqrtf(var + 1e-6f);
+    for (int i = threadIdx.x; i < ID; i += blockDim.x) k[i] = (x[i] - mean) * r * w[i] + b[i];
+    __syncthreads(); /* the rotation pairs elements other threads wrote */
+    const float *cs = table + (size_t)(pos0 + t) * DR;
+    for (int i = threadIdx.x; i < DR / 2; i += blockDim.x) rope_pair(k, i, cs);
+}
+
+/* score[t][j] = Σ_h (w[h]/sqrt(IH)) · ReLU(q_h · k_j / sqrt(ID)) for every visible key j.
+ * One thread per key, heads and dims in glm.c's order. Tokens that see at most
+ * index_topk keys keep them all and need no scores. */
+__global__ void __launch_bounds__(BLOCK) k_ix_scores(float *scores, int ld, const float *ix_q, const float *ix_w, const float *cache, int IH, int ID, int K, int pos0) {
+    int t = blockIdx.y, visible = pos0 + t + 1, j = blockIdx.x * blockDim.x + threadIdx.x;
+    if (visible <= K || j >= visible) return;
+    const float q_scale = 1.0f / sqrtf((float)ID), w_scale = 1.0f / sqrtf((float)IH);
+    const float *q = ix_q + (size_t)t * IH * ID, *w = ix_w + (size_t)t * IH, *k = cache + (size_t)j * ID;
+    float sum = 0.0f;
+    for (int h = 0; h < IH; h++) {
+        float d = 0.0f;
+        for (int i = 0; i < ID; i++) d += q[(size_t)h * ID + i] * k[i];
+        d *= q_scale;
+        sum += (w[h] * w_scale) * (d > 0.0f ? d : 0.0f);
+    }
+    scores[(size_t)t * ld + j] = sum;
+}
+
+/* fp32 -> uint32 whose unsigned order is the float order (+0 and -0 equal). */
+__device__ __forceinline__ uint32_t order_key(float f) {
+    uint32_t u = __float_as_uint(f);
+    if ((u << 1) == 0) u = 0;
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+/* topk_select on the GPU, one token per block: a radix select finds the k-th best key
+ * T (four passes of 8 bits), then one ordered sweep keeps every key above T and the
+ * lowest-index keys equal to T. The kept set is exactly glm.c's (higher score, then
+ * lower index); it is written in index order. */
+__device__ void topk_block(const float *score, int nv, int k, int *sel) {
+    __shared__ unsigned hist[256];
+    __shared__ uint32_t s_prefix, s_mask;
+    __shared__ int s_remain;
+    if (threadIdx.x == 0) { s_prefix = 0; s_mask = 0; s_remain = k; }
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        for (int i = threadIdx.x; i < 256; i += blockDim.x) hist[i] = 0;
+        __syncthreads();
+        uint32_t prefix = s_prefix, mask = s_mask;
+        for (int j = threadIdx.x; j < nv; j += blockDim.x) {
+            uint32_t key = order_key(score[j]);
+            if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255], 1u);
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            int remain = s_remain, above = 0;
+            for (int d = 255; d >= 0; d--) {
+                if (above + (int)hist[d] >= remain) {
+                    s_remain = remain - above;
+                    s_prefix = prefix | ((uint32_t)d << shift);
+                    break;
+                }
+                above += (int)hist[d];
+            }
+            s_mask = mask | (255u << shift);
+        }
+        __syncthreads();
+    }
+    const uint32_t T = s_prefix;
+    const int n_eq = s_remain; /* keys equal to T that are kept, lowest index first */
+    int gt_before = 0, eq_before = 0;
+    for (int j0 = 0; j0 < nv; j0 += BLOCK) {
+        int j = j0 + threadIdx.x;
+        uint32_t key = j < nv ? order_key(score[j]) : 0;
+        int gt = j < nv && key > T, eq = j < nv && key == T, total;
+        int excl = block_exclusive_scan(gt | (eq << 16), &total);
+        int my_gt = gt_before + (excl & 0xffff), my_eq = eq_before + (excl >> 16);
+        if (gt || (eq && my_eq < n_eq)) sel[my_gt + (my_eq < n_eq ? my_eq : n_eq)] = j;
+        gt_before += total & 0xffff;
+        eq_before += total >> 16;
+    }
+}
+
+__global__ void __launch_bounds__(BLOCK) k_topk(const float *scores, int ld, int K, int pos0, int *sel_all, int *n_sel) {
+    int t = blockIdx.x, visible = pos0 + t + 1;
+    int *sel = sel_all + (size_t)t * K;
+    if (visible <= K) { /* every visible key is kept: attention is dense causal */
+        for (int j = threadIdx.x; j < visible; j += blockDim.x) sel[j] = j;
+        if (threadIdx.x == 0) n_sel[t] = visible;
+        return;
+    }
+    topk_block(scores + (size_t)t * ld, visible, K, sel);
+    if (threadIdx.x == 0) n_sel[t] = K;
+}
+
+/* ======================================================================== */
+/* 6. MLA attention, absorbed form (§4.2)                                   */
+
+/* absorb: q_abs[t][h][0:KR] = Σ_i q_nope[t][h][i] · W_UK[h][i][:], then the roped q_pe.
+ * Block (h, column chunk); threads own columns j, so rows of kv_b are read coalesced
+ * and the sum over i runs in glm.c's order. */
+__global__ void __launch_bounds__(BLOCK) k_q_absorb(float *q_abs, const float *q, DMat kv_b, int n, int NH, int DN, int DR, int DV, int KR) {
+    const int h = blockIdx.x, j = blockIdx.y * blockDim.x + threadIdx.x, QD = DN + DR, AD = KR + DR;
+    for (int t0 = 0; t0 < n; t0 += GEMV_MAXN) {
+        float acc[GEMV_MAXN];
+        UNROLL for (int u = 0; u < GEMV_MAXN; u++) acc[u] = 0.0f;
+        if (j < KR)
+            for (int i = 0; i < DN; i++) {
+                float w = mat_elem(kv_b, h * (DN + DV) + i, j);
+                UNROLL for (int u = 0; u < GEMV_MAXN; u++)
+                    if (t0 + u < n) acc[u] += q[((size_t)(t0 + u) * NH + h) * QD + i] * w;
+            }
+        UNROLL for (int u = 0; u < GEMV_MAXN; u++)
+            if (j < KR && t0 + u < n) q_abs[((size_t)(t0 + u) * NH + h) * AD + j] = acc[u];
+    }
+    if (blockIdx.y == 0)
+        for (int e = threadIdx.x; e < n * DR; e += blockDim.x) {
+            int t = e / DR, i = e % DR;
+            q_abs[((size_t)t * NH + h) * AD + KR + i] = q[((size_t)t * NH + h) * QD + DN + i];
+        }
+}
+
+/* Scores over the selected cache rows, softmax, and the latent value sum, for one
+ * (head, token) per block. `sc` is this pair's slice of a global scratch. */
+__global__ void __launch_bounds__(BLOCK) k_mla_attend(float *o_lat, float *scores, const float *q_abs, const float *latent, const int *sel_all, const int *n_sel,
+                                                      int NH, int KR, int DR, int K, float scale) {
+    const int h = blockIdx.x, t = blockIdx.y, AD = KR + DR;
+    const int lane = threadIdx.x % WAVE, wid = threadIdx.x / WAVE, nw = blockDim.x / WAVE;
+    const float *qa = q_abs + ((size_t)t * NH + h) * AD;
+    const int *sel = sel_all + (size_t)t * K, ns = n_sel[t];
+    float *sc = scores + ((size_t)t * NH + h) * K;
+    for (int j = wid; j < ns; j += nw) { /* one wave per key */
+        const float *c = latent + (size_t)sel[j] * AD;
+        float d = 0.0f;
+        for (int i = lane; i < AD; i += WAVE) d += qa[i] * c[i];
+        d = wave_sum(d);
+        if (lane == 0) sc[j] = d * scale;
+    }
+    __syncthreads();
+    float mx = -INFINITY;
+    for (int j = threadIdx.x; j < ns; j += blockDim.x) mx = fmaxf(mx, sc[j]);
+    mx = block_max(mx);
+    float part = 0.0f;
+    for (int j = threadIdx.x; j < ns; j += blockDim.x) { float e = expf(sc[j] - mx); sc[j] = e; part += e; }
+    float sum = block_sum(part); /* its barriers also publish the sc[j] writes */
+    float *o = o_lat + ((size_t)t * NH + h) * KR;
+    for (int i = threadIdx.x; i < KR; i += blockDim.x) {
+        float acc = 0.0f;
+        for (int j = 0; j < ns; j++) acc += (sc[j] / sum) * latent[(size_t)sel[j] * AD + i];
+        o[i] = acc;
+    }
+}
+
+/* ======================================================================== */
+/* 7. MoE routing (§3.7) and the expert mix                                 */
+
+/* moe_route for one token per block. `scr` holds [E] scores, [E] selection keys and
+ * [G] group scores. Chosen experts come out sorted by expert index, the order in which
+ * glm.c's moe() adds them up. */
+__global__ void __launch_bounds__(BLOCK) k_moe_route(const float *logits, const float *bias, float *scr, int *idx_all, float *w_all,
+                                                     int E, int A, int G, int topk_group, int norm_topk_prob, float routed_scale) {
+    const int t = blockIdx.x, per = E / G;
+    const float *lg = logits + (size_t)t * E;
+    float *score = scr + (size_t)t * (2 * E + G), *sel = score + E, *gscore = sel + E;
+    int *idx = idx_all + (size_t)t * A;
+    float *weight = w_all + (size_t)t * A;
+    for (int e = threadIdx.x; e < E; e += blockDim.x) { score[e] = sigmoid_f(lg[e]); sel[e] = score[e] + bias[e]; }
+    __syncthreads();
+    if (G > 1) { /* keep the topk_group groups with the largest sum of their two best experts */
+        for (int g = threadIdx.x; g < G; g += blockDim.x) {
+            float b1 = -INFINITY, b2 = -INFINITY;
+            for (int e = g * per; e < (g + 1) * per; e++) {
+                if (sel[e] > b1) { b2 = b1; b1 = sel[e]; }
+                else if (sel[e] > b2) b2 = sel[e];
+            }
+            gscore[g] = b1 + b2;
+        }
+        __syncthreads();
+        __shared__ int kept_group[64];
+        for (int g0 = 0; g0 < G; g0 += 64) {
+            /* group g is kept iff fewer than topk_group groups are better than it */
+            for (int g = g0 + threadIdx.x; g < G && g < g0 + 64; g += blockDim.x) {
+                int rank = 0;
+                for (int o = 0; o < G; o++) rank += better(gscore[o], o, gscore[g], g);
+                kept_group[g - g0] = rank < topk_group;
+            }
+            __syncthreads();
+            for (int e = g0 * per + threadIdx.x; e < (g0 + 64) * per && e < E; e += blockDim.x)
+                if (!kept_group[e / per - g0]) sel[e] = -INFINITY;
+            __syncthreads();
+        }
+    }
+    /* A rounds of a block-wide best; a chosen expert is marked NaN so it drops out */
+    __shared__ int chosen[64];
+    for (int k = 0; k < A; k++) {
+        float v = 0.0f;
+        int best = -1;
+        for (int e = threadIdx.x; e < E; e += blockDim.x)
+            if (sel[e] == sel[e] && better(sel[e], e, v, best)) { v = sel[e]; best = e; }
+        block_best(v, best);
+        if (threadIdx.x == 0) { sel[best] = __uint_as_float(0x7fc00000u); if (k < 64) chosen[k] = best; idx[k] = best; }
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) {
+        for (int i = 1; i < A; i++) /* insertion sort by expert index */
+            for (int j = i; j > 0 && idx[j - 1] > idx[j]; j--) { int tmp = idx[j]; idx[j] = idx[j - 1]; idx[j - 1] = tmp; }
+        float sum = 0.0f;
+        for (int k = 0; k < A; k++) { weight[k] = score[idx[k]]; sum += weight[k]; }
+        for (int k = 0; k < A; k++) weight[k] = (norm_topk_prob ? weight[k] / (sum + 1e-20f) : weight[k]) * routed_scale;
+    }
+    (void)chosen;
+}
+
+/* y[t] += Σ_k w[t][k] · expert_out[t][k], experts in ascending index order */
+__global__ void __launch_bounds__(BLOCK) k_moe_combine(float *y, const float *ex_y, const float *w, int A, int H) {
+    int t = blockIdx.x;
+    for (int j = threadIdx.x; j < H; j += blockDim.x) {
+        float acc = y[(size_t)t * H + j];
+        for (int k = 0; k < A; k++) acc += w[t * A + k] * ex_y[((size_t)t * A + k) * H + j];
+        y[(size_t)t * H + j] = acc;
+    }
+}
+
+/* ======================================================================== */
+/* 8. sampling (glm.c §7) on the last device: only the token id comes back   */
+
+/* One block. Greedy: the first index of the largest logit. Otherwise softmax at the
+ * temperature; with top_p < 1 the candidates (p >= (1-top_p)/(V-1), as glm.c) are
+ * sorted (probability down, index up) by a bitonic sort, the nucleus is the shortest
+ * prefix whose mass exceeds top_p, and u (drawn on the host from glm.c's generator)
+ * picks from it. */
+__global__ void __launch_bounds__(BLOCK) k_sample(const float *logits, int V, float temperature, float top_p, float u, float *prob, int *cand, int P, int *out) {
+    float v = 0.0f;
+    int best = -1;
+    for (int i = threadIdx.x; i < V; i += blockDim.x)
+        if (better(logits[i], i, v, best)) { v = logits[i]; best = i; }
+    block_best(v, best);
+    if (temperature <= 0.0f) {
+        if (threadIdx.x == 0) *out = best;
+        return;
+    }
+    const float mx = v;
+    float part = 0.0f;
+    for (int i = threadIdx.x; i < V; i += blockDim.x) { float e = expf((logits[i] - mx) / temperature); prob[i] = e; part += e; }
+    float sum = block_sum(part);
+    for (int i = threadIdx.x; i < V; i += blockDim.x) prob[i] /= sum;
+    __syncthreads();
+    if (top_p < 1.0f) {
+        const float cutoff = (1.0f - top_p) / (float)(V - 1);
+        int m = 0;
+        for (int i0 = 0; i0 < V; i0 += BLOCK) { /* ordered compaction */
+            int i = i0 + threadIdx.x, keep = i < V && prob[i] >= cutoff, total;
+            int at = block_exclusive_scan(keep, &total);
+            if (keep) cand[m + at] = i;
+            m += total;
+        }
+        int np2 = 1;
+        while (np2 < m) np2 <<= 1;
+        if (np2 > P) np2 = P;
+        for (int i = m + threadIdx.x; i < np2; i += blockDim.x) cand[i] = -1;
+        __syncthreads();
+        for (int size = 2; size <= np2; size <<= 1)
+            for (int stride = size / 2; stride > 0; stride >>= 1) {
+                for (int i = threadIdx.x; i < np2; i += blockDim.x) {
+                    int j = i ^ stride;
+                    if (j > i) {
+                        int a = cand[i], b = cand[j];
+                        bool a_first = better(a >= 0 ? prob[a] : 0.0f, a, b >= 0 ? prob[b] : 0.0f, b);
+                        bool up = (i & size) == 0; /* this run sorts best-first */
+                        if (up ? !a_first : a_first) { cand[i] = b; cand[j] = a; }
+                    }
+                }
+                __syncthreads();
+            }
+        if (threadIdx.x == 0) {
+            float cum = 0.0f;
+            int last = m - 1;
+            for (int i = 0; i < m; i++) { cum += prob[cand[i]]; if (cum > top_p) { last = i; break; } }
+            int n = last + 1;
+            float s = cum < top_p ? cum : 0.0f;
+            if (s == 0.0f) for (int i = 0; i < n; i++) s += prob[cand[i]];
+            float r = u * s, cdf = 0.0f;
+            int pick = cand[n - 1];
+            for (int i = 0; i < n; i++) { cdf += prob[cand[i]]; if (r < cdf) { pick = cand[i]; break; } }
+            *out = pick;
+        }
+    } else if (threadIdx.x == 0) {
+        float cdf = 0.0f;
+        int pick = V - 1;
+        for (int i = 0; i < V; i++) { cdf += prob[i]; if (u < cdf) { pick = i; break; } }
+        *out = pick;
+    }
+}
+
+/* ======================================================================== */
+/* 9. host side: devices, the plan, the upload                              */
+
+#define CHECK(call)                                                                            \
+    do {                                                                                       \
+        hipError_t e_ = (call);                                                                \
+        if (e_ != hipSuccess) glm_fatal("GPU: %s failed: %s", #call, hipGetErrorString(e_)); \
+    } while (0)
+
+/* A bump allocator over one device allocation. With base == NULL it only counts,
+ * which is how the plan learns each device's bytes before anything is allocated. */
+struct Arena {
+    char *base;
+    size_t used, size;
+};
+
+static void *arena_take(Arena *A, size_t bytes) {
+    size_t off = (A->used + 255) & ~(size_t)255;
+    A->used = off + bytes;
+    if (!A->base) return NULL;
+    if (A->used > A->size) glm_fatal("GPU: arena overflow (%zu > %zu bytes)", A->used, A->size);
+    return A->base + off;
+}
+
+struct GLayer {          /* a Layer whose matrices and vectors live on its device */
+    int dev;
+    float *input_norm, *post_norm, *q_a_norm, *kv_a_norm, *ix_knorm_w, *ix_knorm_b, *router_bias;
+    DMat q_a, q_b, kv_a, kv_b, o, ix_wq_b, ix_wk, ix_weights, gate, up, down, router, sh_gate, sh_up, sh_down;
+    DMat *ex_gate, *ex_up, *ex_down; /* device tables [E] */
+    int has_indexer;
+    float *latent;       /* [T][KR+DR] this layer's cache */
+    float *index_k;      /* [T][ID] (full layers) */
+};
+
+struct GDev {            /* one device: its layer range, weights, cache and a RunState's worth of scratch */
+    int id, l0, l1;
+    Arena weights, scratch;
+    size_t kv_bytes;
+    float *rope;         /* [T][DR] cos, sin pairs */
+    float *x, *a, *cq, *q, *ckv, *q_abs, *o_lat, *o_heads, *out, *ix_scores, *att_scores, *ix_q, *ix_k, *ix_w;
+    float *router, *route_scr, *ex_w, *h1, *h2, *eh1, *eh2, *ex_y, *logits, *prob;
+    int *sel, *n_sel, *ex_idx, *tokens, *cand, *sample_out;
+    int cand_n;
+};
+
+struct GpuModel {
+    const Model *m;
+    Config c;
+    int n_dev, ctx, pos, cap;
+    GDev dev[GPU_MAX_DEVICES];
+    GLayer *layers;
+    DMat embed, lm_head;
+    float *final_norm;
+    size_t upload_total, upload_done;
+    double upload_t0;
+};
+
+static size_t mat_bytes(const Mat *W, size_t *scale_bytes) {
+    size_t rc = (size_t)W->rows * W->cols;
+    switch (W->fmt) {
+    case WF_F32: *scale_bytes = 0; return rc * 4;
+    case WF_BF16: *scale_bytes = 0; return rc * 2;
+    case WF_FP8: *scale_bytes = (size_t)((W->rows + 127) / 128) * ((W->cols + 127) / 128) * sizeof(float); return rc;
+    default: *scale_bytes = rc / 32; return rc / 2;
+    }
+}
+
+static void upload(GpuModel *g, void *dst, const void *src, size_t n) {
+    if (!dst || !n) return;
+    CHECK(hipMemcpy(dst, src, n, hipMemcpyHostToDevice));
+    g->upload_done += n;
+    progress("gpu: uploading weights", g->upload_done, g->upload_total, g->upload_t0);
+}
+
+static DMat up_mat(GpuModel *g, Arena *A, const Mat *W) {
+    DMat d;
+    memset(&d, 0, sizeof d);
+    if (!W->rows) return d;
+    d.fmt = W->fmt; d.rows = W->rows; d.cols = W->cols;
+    size_t sb, wb = mat_bytes(W, &sb);
+    void *w = arena_take(A, wb);
+    upload(g, w, W->w, wb);
+    d.w = (const uint8_t *)w;
+    if (W->fmt == WF_FP8) { void *s = arena_take(A, sb); upload(g, s, W->fp8_scale, sb); d.fp8_scale = (const float *)s; }
+    if (W->fmt == WF_MXFP4) { void *s = arena_take(A, sb); upload(g, s, W->mx_scale, sb); d.mx_scale = (const uint8_t *)s; }
+    return d;
+}
+
+static float *up_vec(GpuModel *g, Arena *A, const float *v, int n) {
+    if (!v) return NULL;
+    float *d = (float *)arena_take(A, (size_t)n * sizeof(float));
+    upload(g, d, v, (size_t)n * sizeof(float));
+    return d;
+}
+
+static DMat *up_experts(GpuModel *g, Arena *A, const Mat *ex, int E) {
+    DMat *host = (DMat *)calloc((size_t)E, sizeof(DMat));
+    if (!host) glm_fatal("out of memory");
+    for (int e = 0; e < E; e++) host[e] = up_mat(g, A, &ex[e]);
+    DMat *d = (DMat *)arena_take(A, (size_t)E * sizeof(DMat));
+    if (d) CHECK(hipMemcpy(d, host, (size_t)E * sizeof(DMat), hipMemcpyHostToDevice));
+    free(host);
+    return d;
+}
+
+/* Places (or, with a counting arena, measures) one layer's weights. */
+static void up_layer(GpuModel *g, Arena *A, GLayer *G, const Layer *L, int dense) {
+    const Config *c = &g->c;
+    G->input_norm = up_vec(g, A, L->input_norm, c->hidden);
+    G->post_norm = up_vec(g, A, L->post_norm, c->hidden);
+    G->q_a = up_mat(g, A, &L->q_a);
+    G->q_a_norm = up_vec(g, A, L->q_a_norm, c->q_lora_rank);
+    G->q_b = up_mat(g, A, &L->q_b);
+    G->kv_a = up_mat(g, A, &L->kv_a);
+    G->kv_a_norm = up_vec(g, A, L->kv_a_norm, c->kv_lora_rank);
+    G->kv_b = up_mat(g, A, &L->kv_b);
+    G->o = up_mat(g, A, &L->o);
+    G->has_indexer = L->has_indexer;
+    if (L->has_indexer) {
+        G->ix_wq_b = up_mat(g, A, &L->ix_wq_b);
+        G->ix_wk = up_mat(g, A, &L->ix_wk);
+        G->ix_knorm_w = up_vec(g, A, L->ix_knorm_w, c->index_head_dim);
+        G->ix_knorm_b = up_vec(g, A, L->ix_knorm_b, c->index_head_dim);
+        G->ix_weights = up_mat(g, A, &L->ix_weights);
+    }
+    if (dense) {
+        G->gate = up_mat(g, A, &L->gate);
+        G->up = up_mat(g, A, &L->up);
+        G->down = up_mat(g, A, &L->down);
+    } else {
+        G->router = up_mat(g, A, &L->router);
+        G->router_bias = up_vec(g, A, L->router_bias, c->n_experts);
+        if (c->n_shared) {
+            G->sh_gate = up_mat(g, A, &L->sh_gate);
+            G->sh_up = up_mat(g, A, &L->sh_up);
+            G->sh_down = up_mat(g, A, &L->sh_down);
+        }
+        G->ex_gate = up_experts(g, A, L->ex_gate, c->n_experts);
+        G->ex_up = up_experts(g, A, L->ex_up, c->n_experts);
+        G->ex_down = up_experts(g, A, L->ex_down, c->n_experts);
+    }
+}
+
+static int imax(int a, int b) { return a > b ? a : b; }
+
+/* Scratch of one device for chunks of up to g->cap tokens (glm.c runstate_init). */
+static void take_scratch(GpuModel *g, GDev *D, int last) {
+    const Config *c = &g->c;
+    Arena *A = &D->scratch;
+    size_t B = (size_t)g->cap, T = (size_t)g->ctx, F = (size_t)sizeof(float);
+    int ffn = imax(imax(c->dense_inter, c->n_shared * c->moe_inter), c->moe_inter);
+    int QD = c->qk_nope + c->qk_rope, AD = c->kv_lora_rank + c->qk_rope, K = c->index_topk;
+    D->rope = (float *)arena_take(A, T * c->qk_rope * F);
+    D->x = (float *)arena_take(A, B * c->hidden * F);
+    D->a = (float *)arena_take(A, B * c->hidden * F);
+    D->out = (float *)arena_take(A, B * c->hidden * F);
+    D->cq = (float *)arena_take(A, B * c->q_lora_rank * F);
+    D->q = (float *)arena_take(A, B * c->n_heads * QD * F);
+    D->ckv = (float *)arena_take(A, B * AD * F);
+    D->q_abs = (float *)arena_take(A, B * c->n_heads * AD * F);
+    D->o_lat = (float *)arena_take(A, B * c->n_heads * c->kv_lora_rank * F);
+    D->o_heads = (float *)arena_take(A, B * c->n_heads * c->v_head * F);
+    D->ix_scores = (float *)arena_take(A, B * T * F);
+    D->att_scores = (float *)arena_take(A, B * c->n_heads * K * F);
+    D->ix_q = (float *)arena_take(A, B * c->index_n_heads * c->index_head_dim * F);
+    D->ix_k = (float *)arena_take(A, B * c->index_head_dim * F);
+    D->ix_w = (float *)arena_take(A, B * c->index_n_heads * F);
+    D->sel = (int *)arena_take(A, B * K * sizeof(int));
+    D->n_sel = (int *)arena_take(A, B * sizeof(int));
+    D->router = (float *)arena_take(A, B * c->n_experts * F);
+    D->route_scr = (float *)arena_take(A, B * (2 * c->n_experts + c->n_group) * F);
+    D->ex_idx = (int *)arena_take(A, B * c->n_active * sizeof(int));
+    D->ex_w = (float *)arena_take(A, B * c->n_active * F);
+    D->h1 = (float *)arena_take(A, B * ffn * F);
+    D->h2 = (float *)arena_take(A, B * ffn * F);
+    D->eh1 = (float *)arena_take(A, B * c->n_active * c->moe_inter * F);
+    D->eh2 = (float *)arena_take(A, B * c->n_active * c->moe_inter * F);
+    D->ex_y = (float *)arena_take(A, B * c->n_active * c->hidden * F);
+    D->tokens = (int *)arena_take(A, B * sizeof(int));
+    if (last) {
+        int P = 1;
+        while (P < c->vocab_size) P <<= 1;
+        D->cand_n = P;
+        D->logits = (float *)arena_take(A, B * c->vocab_size * F);
+        D->prob = (float *)arena_take(A, (size_t)c->vocab_size * F);
+        D->cand = (int *)arena_take(A, (size_t)P * sizeof(int));
+        D->sample_out = (int *)arena_take(A, sizeof(int));
+    }
+}
+
+static size_t layer_kv_bytes(const Config *c, int full, int T) {
+    return (size_t)T * ((size_t)(c->kv_lora_rank + c->qk_rope) + (full ? (size_t)c->index_head_dim : 0)) * sizeof(float);
+}
+
+/* The split: contiguous layer ranges with about equal bytes per device (weights + KV),
+ * counting the embedding on device 0 and lm_head on the last. Every device gets at
+ * least one layer. */
+static void plan_split(GpuModel *g, const size_t *layer_bytes, size_t head_bytes, size_t tail_bytes) {
+    const int L = g->c.n_layers, N = g->n_dev;
+    double total = (double)head_bytes + (double)tail_bytes, before = (double)head_bytes;
+    for (int l = 0; l < L; l++) total += (double)layer_bytes[l];
+    int prev = 0;
+    for (int l = 0; l < L; l++) {
+        int d = (int)((before + layer_bytes[l] / 2.0) * N / total);
+        if (d > prev + 1) d = prev + 1;
+        if (d < prev) d = prev;
+        if (d < N - (L - l)) d = N - (L - l);
+        if (d > N - 1) d = N - 1;
+        g->layers[l].dev = d;
+        prev = d;
+        before += (double)layer_bytes[l];
+    }
+    for (int d = 0; d < N; d++) { g->dev[d].l0 = L; g->dev[d].l1 = 0; }
+    for (int l = 0; l < L; l++) {
+        GDev *D = &g->dev[g->layers[l].dev];
+        if (l < D->l0) D->l0 = l;
+        D->l1 = l + 1;
+    }
+}
+
+static void rope_table(const Config *c, int T, float *out) { /* glm.c rope()'s angles */
+    int dims = c->qk_rope;
+    for (int p = 0; p < T; p++)
+        for (int i = 0; i < dims / 2; i++) {
+            double ang = (double)p * pow(c->rope_theta, -2.0 * i / dims);
+            out[(size_t)p * dims + 2 * i] = (float)cos(ang);
+            out[(size_t)p * dims + 2 * i + 1] = (float)sin(ang);
+        }
+}
+
+extern "C" GpuModel *gpu_load(const Model *m, int n_gpus, int ctx) {
+    int count = 0;
+    hipError_t e = hipGetDeviceCount(&count);
+    if (e != hipSuccess || count == 0) glm_fatal("--gpu: no GPU found (%s)", e != hipSuccess ? hipGetErrorString(e) : "0 devices");
+    if (n_gpus < 1 || n_gpus > count || n_gpus > GPU_MAX_DEVICES)
+        glm_fatal("--gpus %d: %d GPU(s) visible (at most %d supported)", n_gpus, count, GPU_MAX_DEVICES);
+    if (n_gpus > m->cfg.n_layers) glm_fatal("--gpus %d: the model has only %d layers to split", n_gpus, m->cfg.n_layers);
+    GpuModel *g = (GpuModel *)calloc(1, sizeof(GpuModel));
+    if (!g) glm_fatal("out of memory");
+    g->m = m;
+    g->c = m->cfg;
+    g->n_dev = n_gpus;
+    g->ctx = ctx;
+    g->cap = ctx < 64 ? ctx : 64;
+    const Config *c = &g->c;
+    g->layers = (GLayer *)calloc((size_t)c->n_layers, sizeof(GLayer));
+    if (!g->layers) glm_fatal("out of memory");
+
+    /* measure: every piece through a counting arena */
+    size_t *lb = (size_t *)calloc((size_t)c->n_layers, sizeof(size_t));
+    for (int l = 0; l < c->n_layers; l++) {
+        Arena A = {NULL, 0, 0};
+        GLayer tmp;
+        memset(&tmp, 0, sizeof tmp);
+        up_layer(g, &A, &tmp, &m->layers[l], c->dense[l]);
+        lb[l] = A.used + layer_kv_bytes(c, c->full_index[l], ctx);
+    }
+    Arena H = {NULL, 0, 0}, Tl = {NULL, 0, 0};
+    up_mat(g, &H, &m->embed);
+    up_mat(g, &Tl, &m->lm_head);
+    up_vec(g, &Tl, m->final_norm, c->hidden);
+    plan_split(g, lb, H.used, Tl.used);
+
+    /* the plan: bytes per device, checked against what each device has free */
+    fprintf(stderr, "glm: gpu plan: %d layers on %d device(s), context %d tokens\n", c->n_layers, n_gpus, ctx);
+    int fits = 1;
+    for (int d = 0; d < n_gpus; d++) {
+        GDev *D = &g->dev[d];
+        D->id = d;
+        size_t wbytes = d == 0 ? H.used + 256 : 0, kv = 0;
+        if (d == n_gpus - 1) wbytes += Tl.used + 256;
+        for (int l = D->l0; l < D->l1; l++) {
+            wbytes += lb[l] - layer_kv_bytes(c, c->full_index[l], ctx) + 256;
+            kv += layer_kv_bytes(c, c->full_index[l], ctx) + 256;
+        }
+        D->weights.size = wbytes;
+        D->kv_bytes = kv;
+        D->scratch.base = NULL;
+        D->scratch.used = 0;
+        take_scratch(g, D, d == n_gpus - 1);
+        D->scratch.size = D->scratch.used + 256;
+        size_t need = wbytes + kv + D->scratch.size, free_b = 0, total_b = 0;
+        CHECK(hipSetDevice(d));
+        CHECK(hipMemGetInfo(&free_b, &total_b));
+        hipDeviceProp_t prop;
+        CHECK(hipGetDeviceProperties(&prop, d));
+        int ok = need <= free_b;
+        fits &= ok;
+        fprintf(stderr, "  device %d (%s): layers %d-%d%s%s: weights %.3f GB + KV cache %.3f GB + scratch %.3f GB = %.3f GB of %.3f GB free%s\n",
+                d, prop.name, D->l0, D->l1 - 1, d == 0 ? " + embedding" : "", d == n_gpus - 1 ? " + lm_head" : "", wbytes / 1e9, kv / 1e9,
+                D->scratch.size / 1e9, need / 1e9, free_b / 1e9, ok ? "" : "  <-- does not fit");
+    }
+    free(lb);
+    if (!fits)
+        glm_fatal("--gpus %d: the model does not fit in GPU memory (see the plan above); use more GPUs (--gpus N) or a smaller --ctx", n_gpus);
+
+    /* allocate and upload */
+    g->upload_total = m->weight_bytes;
+    g->upload_t0 = now_s();
+    float *rt = (float *)malloc((size_t)ctx * c->qk_rope * sizeof(float));
+    if (!rt) glm_fatal("out of memory");
+    rope_table(c, ctx, rt);
+    for (int d = 0; d < n_gpus; d++) {
+        GDev *D = &g->dev[d];
+        CHECK(hipSetDevice(d));
+        CHECK(hipMalloc((void **)&D->weights.base, D->weights.size));
+        D->weights.used = 0;
+        void *kvbase;
+        CHECK(hipMalloc(&kvbase, D->kv_bytes ? D->kv_bytes : 1));
+        Arena KV = {(char *)kvbase, 0, D->kv_bytes};
+        CHECK(hipMalloc((void **)&D->scratch.base, D->scratch.size));
+        D->scratch.used = 0;
+        take_scratch(g, D, d == n_gpus - 1);
+        CHECK(hipMemcpy(D->rope, rt, (size_t)ctx * c->qk_rope * sizeof(float), hipMemcpyHostToDevice));
+        if (d == 0) g->embed = up_mat(g, &D->weights, &m->embed);
+        for (int l = D->l0; l < D->l1; l++) {
+            GLayer *G = &g->layers[l];
+            up_layer(g, &D->weights, G, &m->layers[l], c->dense[l]);
+            G->latent = (float *)arena_take(&KV, (size_t)ctx * (c->kv_lora_rank + c->qk_rope) * sizeof(float));
+            if (G->has_indexer) G->index_k = (float *)arena_take(&KV, (size_t)ctx * c->index_head_dim * sizeof(float));
+        }
+        if (d == n_gpus - 1) {
+            g->lm_head = up_mat(g, &D->weights, &m->lm_head);
+            g->final_norm = up_vec(g, &D->weights, m->final_norm, c->hidden);
+        }
+        CHECK(hipMemset(kvbase, 0, D->kv_bytes ? D->kv_bytes : 1));
+    }
+    free(rt);
+    g->upload_done = g->upload_total;
+    progress("gpu: uploading weights", g->upload_done, g->upload_total, g->upload_t0);
+    CHECK(hipSetDevice(0));
+    return g;
+}
+
+extern "C" void gpu_free(GpuModel *g) {
+    if (!g) return;
+    for (int d = 0; d < g->n_dev; d++) {
+        hipSetDevice(d);
+        hipFree(g->dev[d].weights.base);
+        hipFree(g->dev[d].scratch.base);
+    }
+    for (int l = 0; l < g->c.n_layers; l++) /* the KV arena of a device starts at its first layer's cache */
+        if (l == 0 || g->layers[l].dev != g->layers[l - 1].dev) { hipSetDevice(g->layers[l].dev); hipFree(g->layers[l].latent); }
+    free(g->layers);
+    free(g);
+}
+
+/* ======================================================================== */
+/* 10. the forward pass, in glm.c's order                                    */
+
+static unsigned blocks_for(size_t n) { size_t b = (n + BLOCK - 1) / BLOCK; return (unsigned)(b < 4096 ? (b ? b : 1) : 4096); }
+
+/* matmul_rows: n tokens, nz independent products offset by zr rows / zx, zy floats. */
+static void matmul_rows(float *y, int ldy, const float *x, int ldx, const DMat &W, int r0, int nr, int n, int nz = 1, int zr = 0, int zx = 0, int zy = 0) {
+    if (n == 1)
+        LAUNCH(k_gemv1, dim3((nr + GEMV_ROWS - 1) / GEMV_ROWS, 1, nz), dim3(BLOCK), 0, 0, W, x, ldx, y, ldy, r0, nr, zr, zx, zy);
+    else if (n <= GEMV_MAXN)
+        LAUNCH(k_gemvn, dim3((nr + GEMV_ROWS - 1) / GEMV_ROWS, 1, nz), dim3(BLOCK), 0, 0, W, x, ldx, y, ldy, r0, nr, n, zr, zx, zy);
+    else
+        LAUNCH(k_gemm, dim3((nr + TM - 1) / TM, (n + TN - 1) / TN, nz), dim3(BLOCK), 0, 0, W, x, ldx, y, ldy, r0, nr, n, zr, zx, zy);
+}
+
+static void matmul(float *y, const float *x, const DMat &W, int n) { matmul_rows(y, W.rows, x, W.cols, W, 0, W.rows, n); }
+
+static void rmsnorm(float *y, const float *x, const float *w, int dim, int n, float eps) {
+    LAUNCH(k_rmsnorm, dim3(n), dim3(BLOCK), 0, 0, y, dim, x, dim, w, dim, eps);
+}
+
+/* indexer_select: queries, this chunk's keys into the cache, scores, top-k into sel. */
+static void indexer_select(GpuModel *g, GDev *D, const GLayer *L, int n, int pos0) {
+    const Config *c = &g->c;
+    const int IH = c->index_n_heads, ID = c->index_head_dim, K = c->index_topk;
+    matmul(D->ix_q, D->cq, L->ix_wq_b, n);
+    matmul(D->ix_k, D->a, L->ix_wk, n);
+    matmul(D->ix_w, D->a, L->ix_weights, n);
+    LAUNCH(k_rope, dim3(n), dim3(BLOCK), 0, 0, D->ix_q, IH * ID, IH, ID, 0, c->qk_rope, pos0, (const float *)D->rope);
+    LAUNCH(k_ix_key, dim3(n), dim3(BLOCK), 0, 0, L->index_k, (const float *)D->ix_k, (const float *)L->ix_knorm_w, (const float *)L->ix_knorm_b, ID, c->qk_rope, pos0,
+           (const float *)D->rope);
+    int vmax = pos0 + n;
+    if (vmax > K)
+        LAUNCH(k_ix_scores, dim3((vmax + BLOCK - 1) / BLOCK, n), dim3(BLOCK), 0, 0, D->ix_scores, g->ctx, (const float *)D->ix_q, (const float *)D->ix_w,
+               (const float *)L->index_k, IH, ID, K, pos0);
+    LAUNCH(k_topk, dim3(n), dim3(BLOCK), 0, 0, (const float *)D->ix_scores, g->ctx, K, pos0, D->sel, D->n_sel);
+}
+
+static void mla_attend_absorbed(GpuModel *g, GDev *D, const GLayer *L, int n) {
+    const Config *c = &g->c;
+    const int NH = c->n_heads, DN = c->qk_nope, DR = c->qk_rope, DV = c->v_head, KR = c->kv_lora_rank;
+    const float scale = 1.0f / sqrtf((float)(DN + DR)); /* 1/sqrt(qk_head_dim) (pitfall 7) */
+    LAUNCH(k_q_absorb, dim3(NH, (KR + BLOCK - 1) / BLOCK), dim3(BLOCK), 0, 0, D->q_abs, (const float *)D->q, L->kv_b, n, NH, DN, DR, DV, KR);
+    LAUNCH(k_mla_attend, dim3(NH, n), dim3(BLOCK), 0, 0, D->o_lat, D->att_scores, (const float *)D->q_abs, (const float *)L->latent, (const int *)D->sel,
+           (const int *)D->n_sel, NH, KR, DR, c->index_topk, scale);
+    /* un-absorb: o_heads[t][h] = W_UV[h] · o_lat[t][h], all heads in one launch */
+    matmul_rows(D->o_heads, NH * DV, D->o_lat, NH * KR, L->kv_b, DN, DV, n, NH, DN + DV, KR, DV);
+}
+
+static void attention(GpuModel *g, GDev *D, const GLayer *L, int n, int pos0) {
+    const Config *c = &g->c;
+    const int NH = c->n_heads, DN = c->qk_nope, DR = c->qk_rope, QR = c->q_lora_rank;
+    matmul(D->cq, D->a, L->q_a, n);
+    rmsnorm(D->cq, D->cq, L->q_a_norm, QR, n, 1e-6f); /* eps 1e-6 for the q/kv latent norms (pitfall 4) */
+    matmul(D->q, D->cq, L->q_b, n);
+    matmul(D->ckv, D->a, L->kv_a, n);
+    LAUNCH(k_rope, dim3(n), dim3(BLOCK), 0, 0, D->q, NH * (DN + DR), NH, DN + DR, DN, DR, pos0, (const float *)D->rope);
+    LAUNCH(k_kv_append, dim3(n), dim3(BLOCK), 0, 0, L->latent, (const float *)D->ckv, (const float *)L->kv_a_norm, c->kv_lora_rank, DR, pos0, (const float *)D->rope);
+    if (L->has_indexer) indexer_select(g, D, L, n, pos0);
+    /* a shared layer keeps D->sel from the last full layer (IndexShare, §3.6) */
+    mla_attend_absorbed(g, D, L, n);
+    matmul(D->out, D->o_heads, L->o, n);
+}
+
+static void swiglu(GDev *D, float *y, const float *x, const DMat &gate, const DMat &up, const DMat &down, int n) {
+    matmul(D->h1, x, gate, n);
+    matmul(D->h2, x, up, n);
+    size_t m = (size_t)n * gate.rows;
+    LAUNCH(k_silu_mul, dim3(blocks_for(m)), dim3(BLOCK), 0, 0, D->h1, (const float *)D->h2, m);
+    matmul(y, D->h1, down, n);
+}
+
+static void moe(GpuModel *g, GDev *D, const GLayer *L, const float *x, float *y, int n) {
+    const Config *c = &g->c;
+    const int H = c->hidden, A = c->n_active, FI = c->moe_inter;
+    matmul(D->router, x, L->router, n);
+    LAUNCH(k_moe_route, dim3(n), dim3(BLOCK), 0, 0, (const float *)D->router, (const float *)L->router_bias, D->route_scr, D->ex_idx, D->ex_w, c->n_experts, A,
+           c->n_group, c->topk_group, c->norm_topk_prob, c->routed_scale);
+    if (c->n_shared) swiglu(D, y, x, L->sh_gate, L->sh_up, L->sh_down, n); /* unscaled (pitfall 8) */
+    else CHECK(hipMemsetAsync(y, 0, (size_t)n * H * sizeof(float), 0));
+    const unsigned slots = (unsigned)(n * A);
+    LAUNCH(k_gemv_experts, dim3((FI + GEMV_ROWS - 1) / GEMV_ROWS, slots), dim3(BLOCK), 0, 0, (const DMat *)L->ex_gate, (const int *)D->ex_idx, x, H, A, D->eh1, FI, FI);
+    LAUNCH(k_gemv_experts, dim3((FI + GEMV_ROWS - 1) / GEMV_ROWS, slots), dim3(BLOCK), 0, 0, (const DMat *)L->ex_up, (const int *)D->ex_idx, x, H, A, D->eh2, FI, FI);
+    LAUNCH(k_silu_mul, dim3(blocks_for((size_t)slots * FI)), dim3(BLOCK), 0, 0, D->eh1, (const float *)D->eh2, (size_t)slots * FI);
+    LAUNCH(k_gemv_experts, dim3((H + GEMV_ROWS - 1) / GEMV_ROWS, slots), dim3(BLOCK), 0, 0, (const DMat *)L->ex_down, (const int *)D->ex_idx, (const float *)D->eh1, FI, 1,
+           D->ex_y, H, H);
+    LAUNCH(k_moe_combine, dim3(n), dim3(BLOCK), 0, 0, y, (const float *)D->ex_y, (const float *)D->ex_w, A, H);
+}
+
+/* The residual stream and the current selection move to the device of the next layer. */
+static void hand_over(GpuModel *g, GDev *from, GDev *to, int B) {
+    const Config *c = &g->c;
+    CHECK(hipSetDevice(from->id));
+    CHECK(hipDeviceSynchronize());
+    CHECK(hipMemcpyPeer(to->x, to->id, from->x, from->id, (size_t)B * c->hidden * sizeof(float)));
+    CHECK(hipMemcpyPeer(to->sel, to->id, from->sel, from->id, (size_t)B * c->index_topk * sizeof(int)));
+    CHECK(hipMemcpyPeer(to->n_sel, to->id, from->n_sel, from->id, (size_t)B * sizeof(int)));
+    CHECK(hipSetDevice(to->id));
+}
+
+/* Runs tokens[0..n) at positions pos.. and appends them to the cache. Writes
+ * logits [n][V] if all_logits, else only the last token's [V] (to `logits` unless it
+ * is NULL; they also stay on the device for gpu_sample). */
+extern "C" void gpu_forward(GpuModel *g, int pos, const int *tokens, int n, float *logits, int all_logits) {
+    const Config *c = &g->c;
+    const int H = c->hidden, V = c->vocab_size;
+    g->pos = pos; /* the cache beyond pos is overwritten, as on the CPU (chat rewinds it) */
+    if (g->pos + n > g->ctx) glm_fatal("--ctx %d: %d more tokens do not fit the context (%d cached)", g->ctx, n, g->pos);
+    for (int start = 0; start < n; start += g->cap) {
+        int B = n - start < g->cap ? n - start : g->cap, pos0 = g->pos;
+        GDev *D = &g->dev[0];
+        CHECK(hipSetDevice(0));
+        CHECK(hipMemcpy(D->tokens, tokens + start, (size_t)B * sizeof(int), hipMemcpyHostToDevice));
+        LAUNCH(k_embed, dim3(B), dim3(BLOCK), 0, 0, g->embed, (const int *)D->tokens, D->x);
+        for (int l = 0; l < c->n_layers; l++) {
+            const GLayer *L = &g->layers[l];
+            if (L->dev != D->id) { hand_over(g, D, &g->dev[L->dev], B); D = &g->dev[L->dev]; }
+            size_t nh = (size_t)B * H;
+            rmsnorm(D->a, D->x, L->input_norm, H, B, c->rms_eps);
+            attention(g, D, L, B, pos0);
+            LAUNCH(k_add, dim3(blocks_for(nh)), dim3(BLOCK), 0, 0, D->x, (const float *)D->out, nh);
+            rmsnorm(D->a, D->x, L->post_norm, H, B, c->rms_eps);
+            if (c->dense[l]) swiglu(D, D->out, D->a, L->gate, L->up, L->down, B);
+            else moe(g, D, L, D->a, D->out, B);
+            LAUNCH(k_add, dim3(blocks_for(nh)), dim3(BLOCK), 0, 0, D->x, (const float *)D->out, nh);
+        }
+        g->pos += B;
+        if (all_logits) {
+            rmsnorm(D->a, D->x, g->final_norm, H, B, c->rms_eps);
+            matmul(D->logits, D->a, g->lm_head, B);
+            CHECK(hipMemcpy(logits + (size_t)start * V, D->logits, (size_t)B * V * sizeof(float), hipMemcpyDeviceToHost));
+        } else if (start + B == n) {
+            rmsnorm(D->a, D->x + (size_t)(B - 1) * H, g->final_norm, H, 1, c->rms_eps);
+            matmul(D->logits, D->a, g->lm_head, 1);
+            if (logits) CHECK(hipMemcpy(logits, D->logits, (size_t)V * sizeof(float), hipMemcpyDeviceToHost));
+        }
+    }
+    CHECK(hipGetLastError());
+}
+
+/* Samples from the last token's logits of the latest gpu_forward; u is uniform in
+ * [0, 1) from glm.c's generator (unused when temperature <= 0). */
+extern "C" int gpu_sample(GpuModel *g, float temperature, float top_p, float u) {
+    GDev *D = &g->dev[g->n_dev - 1];
+    CHECK(hipSetDevice(D->id));
+    LAUNCH(k_sample, dim3(1), dim3(BLOCK), 0, 0, (const float *)D->logits, g->c.vocab_size, temperature, top_p, u, D->prob, D->cand, D->cand_n, D->sample_out);
+    int tok;
+    CHECK(hipMemcpy(&tok, D->sample_out, sizeof(int), hipMemcpyDeviceToHost));
+    CHECK(hipGetLastError());
+    return tok;
+}
+
+/* ======================================================================== */
+/* 11. entry points for the kernel tests (tests/gpu/kernel_test.c)           */
+/*
+ * Each takes host arrays, runs one kernel (or one block of the forward pass) on
+ * device 0 and returns the result, so the test can hold it against glm.c's own op.
+ */
+
+static void *dev_copy(const void *src, size_t n) {
+    void *d;
+    CHECK(hipMalloc(&d, n ? n : 1));
+    if (src && n) CHECK(hipMemcpy(d, src, n, hipMemcpyHostToDevice));
+    return d;
+}
+static void host_copy(void *dst, const void *src, size_t n) { CHECK(hipMemcpy(dst, src, n, hipMemcpyDeviceToHost)); }
+
+static DMat dev_mat(const Mat *W) {
+    DMat d;
+    memset(&d, 0, sizeof d);
+    d.fmt = W->fmt; d.rows = W->rows; d.cols = W->cols;
+    size_t sb, wb = mat_bytes(W, &sb);
+    d.w = (const uint8_t *)dev_copy(W->w, wb);
+    if (W->fmt == WF_FP8) d.fp8_scale = (const float *)dev_copy(W->fp8_scale, sb);
+    if (W->fmt == WF_MXFP4) d.mx_scale = (const uint8_t *)dev_copy(W->mx_scale, sb);
+    return d;
+}
+static void dev_mat_free(DMat *d) { hipFree((void *)d->w); hipFree((void *)d->fp8_scale); hipFree((void *)d->mx_scale); }
+
+/* y[t][i] = x[t] · W[r0+i] for n tokens, i < nr (matmul_rows; picks gemv or tiled by n) */
+extern "C" void gpuk_matmul_rows(float *y, const float *x, const Mat *W, int r0, int nr, int n) {
+    CHECK(hipSetDevice(0));
+    DMat d = dev_mat(W);
+    float *dx = (float *)dev_copy(x, (size_t)n * W->cols * sizeof(float)), *dy = (float *)dev_copy(NULL, (size_t)n * nr * sizeof(float));
+    matmul_rows(dy, nr, dx, W->cols, d, r0, nr, n);
+    host_copy(y, dy, (size_t)n * nr * sizeof(float));
+    dev_mat_free(&d); hipFree(dx); hipFree(dy);
+}
+
+extern "C" void gpuk_embed(float *y, const Mat *E, const int *tokens, int n) {
+    CHECK(hipSetDevice(0));
+    DMat d = dev_mat(E);
+    int *dt = (int *)dev_copy(tokens, (size_t)n * sizeof(int));
+    float *dy = (float *)dev_copy(NULL, (size_t)n * E->cols * sizeof(float));
+    LAUNCH(k_embed, dim3(n), dim3(BLOCK), 0, 0, d, (const int *)dt, dy);
+    host_copy(y, dy, (size_t)n * E->cols * sizeof(float));
+    dev_mat_free(&d); hipFree(dt); hipFree(dy);
+}
+
+extern "C" void gpuk_rmsnorm(float *y, const float *x, const float *w, int dim, int n, float eps) {
+    CHECK(hipSetDevice(0));
+    float *dx = (float *)dev_copy(x, (size_t)n * dim * 4), *dw = (float *)dev_copy(w, (size_t)dim * 4);
+    rmsnorm(dx, dx, dw, dim, n, eps); /* in place, as attention() uses it */
+    host_copy(y, dx, (size_t)n * dim * 4);
+    hipFree(dx); hipFree(dw);
+}
+
+/* The indexer key path: LayerNorm (eps 1e-6) then RoPE of the first `rope_dims` at
+ * position pos; table is [pos+1][rope_dims] from the host. */
+extern "C" void gpuk_layernorm_rope(float *y, const float *x, const float *w, const float *b, int dim, int rope_dims, int pos, const float *table) {
+    CHECK(hipSetDevice(0));
+    float *dx = (float *)dev_copy(x, (size_t)dim * 4), *dw = (float *)dev_copy(w, (size_t)dim * 4), *db = (float *)dev_copy(b, (size_t)dim * 4);
+    float *dc = (float *)dev_copy(NULL, (size_t)(pos + 1) * dim * 4), *dt = (float *)dev_copy(table, (size_t)(pos + 1) * rope_dims * 4);
+    LAUNCH(k_ix_key, dim3(1), dim3(BLOCK), 0, 0, dc, (const float *)dx, (const float *)dw, (const float *)db, dim, rope_dims, pos, (const float *)dt);
+    host_copy(y, dc + (size_t)pos * dim, (size_t)dim * 4);
+    hipFree(dx); hipFree(dw); hipFree(db); hipFree(dc); hipFree(dt);
+}
+
+/* RoPE on nvec vectors of `stride` floats at rotary offset off, position pos. */
+extern "C" void gpuk_rope(float *v, int nvec, int stride, int off, int dims, int pos, const float *table) {
+    CHECK(hipSetDevice(0));
+    float *dv = (float *)dev_copy(v, (size_t)nvec * stride * 4), *dt = (float *)dev_copy(table, (size_t)(pos + 1) * dims * 4);
+    LAUNCH(k_rope, dim3(1), dim3(BLOCK), 0, 0, dv, nvec * stride, nvec, stride, off, dims, pos, (const float *)dt);
+    host_copy(v, dv, (size_t)nvec * stride * 4);
+    hipFree(dv); hipFree(dt);
+}
+
+/* topk_select of n scores into sel[k], in ascending index order */
+extern "C" void gpuk_topk(int *sel, const float *score, int n, int k) {
+    CHECK(hipSetDevice(0));
+    float *ds = (float *)dev_copy(score, (size_t)n * 4);
+    int *dsel = (int *)dev_copy(NULL, (size_t)k * 4), *dn = (int *)dev_copy(NULL, 4);
+    LAUNCH(k_topk, dim3(1), dim3(BLOCK), 0, 0, (const float *)ds, n, k, n - 1, dsel, dn);
+    host_copy(sel, dsel, (size_t)k * 4);
+    hipFree(ds); hipFree(dsel); hipFree(dn);
+}
+
+extern "C" void gpuk_moe_route(int *idx, float *w, const Config *c, const float *logits, const float *bias, int n) {
+    CHECK(hipSetDevice(0));
+    const int E = c->n_experts, A = c->n_active;
+    float *dl = (float *)dev_copy(logits, (size_t)n * E * 4), *db = (float *)dev_copy(bias, (size_t)E * 4);
+    float *ds = (float *)dev_copy(NULL, (size_t)n * (2 * E + c->n_group) * 4), *dw = (float *)dev_copy(NULL, (size_t)n * A * 4);
+    int *di = (int *)dev_copy(NULL, (size_t)n * A * 4);
+    LAUNCH(k_moe_route, dim3(n), dim3(BLOCK), 0, 0, (const float *)dl, (const float *)db, ds, di, dw, E, A, c->n_group, c->topk_group, c->norm_topk_prob,
+           c->routed_scale);
+    host_copy(idx, di, (size_t)n * A * 4);
+    host_copy(w, dw, (size_t)n * A * 4);
+    hipFree(dl); hipFree(db); hipFree(ds); hipFree(dw); hipFree(di);
+}
+
+extern "C" void gpuk_silu_mul(float *h1, const float *h2, int n) {
+    CHECK(hipSetDevice(0));
+    float *d1 = (float *)dev_copy(h1, (size_t)n * 4), *d2 = (float *)dev_copy(h2, (size_t)n * 4);
+    LAUNCH(k_silu_mul, dim3(blocks_for((size_t)n)), dim3(BLOCK), 0, 0, d1, (const float *)d2, (size_t)n);
+    host_copy(h1, d1, (size_t)n * 4);
+    hipFree(d1); hipFree(d2);
+}
+
+extern "C" int gpuk_sample(const float *logits, int V, float temperature, float top_p, float u) {
+    CHECK(hipSetDevice(0));
+    int P = 1;
+    while (P < V) P <<= 1;
+    float *dl = (float *)dev_copy(logits, (size_t)V * 4), *dp = (float *)dev_copy(NULL, (size_t)V * 4);
+    int *dc = (int *)dev_copy(NULL, (size_t)P * 4), *dout = (int *)dev_copy(NULL, 4), tok;
+    LAUNCH(k_sample, dim3(1), dim3(BLOCK), 0, 0, (const float *)dl, V, temperature, top_p, u, dp, dc, P, dout);
+    host_copy(&tok, dout, 4);
+    hipFree(dl); hipFree(dp); hipFree(dc); hipFree(dout);
+    return tok;
+}
+
+/* One attention block (projections, cache append, indexer or shared selection,
+ * absorbed MLA, o_proj) of `layer` for n tokens at position pos0, on the model
+ * loaded by gpu_load(m, 1, ctx): a[n][H] in, out[n][H] back, and the selection. */
+extern "C" void gpuk_attention(GpuModel *g, int layer, const float *a, int n, int pos0, float *out, int *sel, int *n_sel) {
+    GDev *D = &g->dev[g->layers[layer].dev];
+    const Config *c = &g->c;
+    CHECK(hipSetDevice(D->id));
+    CHECK(hipMemcpy(D->a, a, (size_t)n * c->hidden * 4, hipMemcpyHostToDevice));
+    attention(g, D, &g->layers[layer], n, pos0);
+    host_copy(out, D->out, (size_t)n * c->hidden * 4);
+    host_copy(sel, D->sel, (size_t)n * c->index_topk * 4);
+    host_copy(n_sel, D->n_sel, (size_t)n * 4);
+}
+
+/* The MLP of `layer` (dense SwiGLU or MoE) for n tokens. */
+extern "C" void gpuk_mlp(GpuModel *g, int layer, const float *a, int n, float *out) {
+    GDev *D = &g->dev[g->layers[layer].dev];
+    const Config *c = &g->c;
+    CHECK(hipSetDevice(D->id));
+    CHECK(hipMemcpy(D->a, a, (size_t)n * c->hidden * 4, hipMemcpyHostToDevice));
+    if (c->dense[layer]) swiglu(D, D->out, D->a, g->layers[layer].gate, g->layers[layer].up, g->layers[layer].down, n);
+    else moe(g, D, &g->layers[layer], D->a, D->out, n);
+    host_copy(out, D->out, (size_t)n * c->hidden * 4);
+}
+
+/* Times one launch of the decode matrix-vector product (for tests/gpu_check.sh):
+ * returns seconds per call over `iters` calls, W already in host memory. */
+extern "C" double gpuk_time_gemv(const Mat *W, int iters) {
+    CHECK(hipSetDevice(0));
+    DMat d = dev_mat(W);
+    float *dx = (float *)dev_copy(NULL, (size_t)W->cols * 4), *dy = (float *)dev_copy(NULL, (size_t)W->rows * 4);
+    CHECK(hipMemset(dx, 0, (size_t)W->cols * 4));
+    matmul(dy, dx, d, 1);
+    hipEvent_t e0, e1;
+    CHECK(hipEventCreate(&e0));
+    CHECK(hipEventCreate(&e1));
+    CHECK(hipEventRecord(e0, 0));
+    for (int i = 0; i < iters; i++) matmul(dy, dx, d, 1);
+    CHECK(hipEventRecord(e1, 0));
+    CHECK(hipEventSynchronize(e1));
+    float ms;
+    CHECK(hipEventElapsedTime(&ms, e0, e1));
+    CHECK(hipGetLastError());
+    dev_mat_free(&d); hipFree(dx); hipFree(dy);
+    hipEventDestroy(e0); hipEventDestroy(e1);
+    return ms / 1e3 / iters;
+}
+
+/* Device-to-device copy bandwidth (bytes read + written per second) of `bytes`. */
+extern "C" double gpuk_copy_bandwidth(size_t bytes, int iters) {
+    CHECK(hipSetDevice(0));
+    void *a, *b;
+    CHECK(hipMalloc(&a, bytes));
+    CHECK(hipMalloc(&b, bytes));
+    CHECK(hipMemset(a, 1, bytes));
+    CHECK(hipMemcpy(b, a, bytes, hipMemcpyDeviceToDevice));
+    hipEvent_t e0, e1;
+    CHECK(hipEventCreate(&e0));
+    CHECK(hipEventCreate(&e1));
+    CHECK(hipEventRecord(e0, 0));
+    for (int i = 0; i < iters; i++) CHECK(hipMemcpyAsync(b, a, bytes, hipMemcpyDeviceToDevice, 0));
+    CHECK(hipEventRecord(e1, 0));
+    CHECK(hipEventSynchronize(e1));
+    float ms;
+    CHECK(hipEventElapsedTime(&ms, e0, e1));
+    hipFree(a); hipFree(b);
+    hipEventDestroy(e0); hipEventDestroy(e1);
+    return 2.0 * (double)bytes * iters / (ms / 1e3);
+}

@@ -1,0 +1,477 @@
+/* tests/hip_emu.h - run glm_hip.hip's kernels on the CPU, for CI machines without a GPU.
+ *
+ * glm_hip.hip includes this header instead of the HIP or CUDA runtime when it is
+ * compiled as plain C++ with -DGLM_EMU -DWARP=32|64 (make emu). It supplies exactly
+ * what the compatibility section at the top of glm_hip.hip supplies on real hardware:
+ *
+ *   WAVE, SHFL_XOR, LAUNCH   the wave width, the xor shuffle and the kernel launch;
+ *   threadIdx, blockIdx, ... the built-in indices;
+ *   __global__, __shared__   the qualifiers;
+ *   hipMalloc, hipMemcpy...  the runtime API, on several virtual devices.
+ *
+ * Execution model, chosen to find the bugs a real GPU would hit:
+ *   - a launch runs its blocks one after another on each of a few worker threads
+ *     (GLM_EMU_THREADS, default: the number of cores); blocks never see each other;
+ *   - the threads of a block are cooperative fibers on one worker. A fiber runs until
+ *     it reaches __syncthreads() or a shuffle, then the next fiber runs. A block barrier
+ *     opens when every live thread of the block waits at it; a wave barrier (inside a
+ *     shuffle) when every live lane of that wave waits at it. Anything else is a
+ *     deadlock, e.g. __syncthreads() under a branch only some threads take, and stops
+ *     the program with a message;
+ *   - __shared__ is `static thread_local`: one copy per worker, and a worker runs one
+ *     block at a time, so it is per-block storage. Like real shared memory it is not
+ *     cleared between blocks;
+ *   - the wave width is a build-time constant (WARP=32 or 64), so kernels that assume
+ *     one width break under the other;
+ *   - launch limits are checked (at most 1024 threads per block, grid y/z <= 65535).
+ *   - device memory is host memory, counted per virtual device against
+ *     GLM_EMU_DEVICE_MEM bytes (default 16 GiB) so "does not fit" can be tested;
+ *     GLM_EMU_DEVICES virtual devices (default 4) are visible.
+ *
+ * Fibers switch with a few lines of assembly on x86-64 (a swapcontext() costs a
+ * system call, which made the tests ten times slower) and with ucontext elsewhere.
+ */
+#ifndef HIP_EMU_H
+#define HIP_EMU_H
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <tuple>
+#include <unordered_map>
+#include <vector>
+#include <sys/mman.h>
+#if !defined(__x86_64__) || defined(EMU_UCONTEXT)
+#include <ucontext.h>
+#define EMU_USE_UCONTEXT 1
+#endif
+
+#if !defined(WARP) || (WARP != 32 && WARP != 64)
+#error "build the emulation with -DWARP=32 or -DWARP=64"
+#endif
+#define WAVE WARP
+
+/* ---- qualifiers ---------------------------------------------------------- */
+#define __global__
+#define __device__
+#define __host__
+#define __constant__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+#define __shared__ static thread_local
+
+/* ---- vector types and built-in indices ------------------------------------ */
+struct dim3 {
+    unsigned x, y, z;
+    constexpr dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
+};
+struct alignas(16) uint4 { unsigned x, y, z, w; };
+struct alignas(8) uint2 { unsigned x, y; };
+struct alignas(16) float4 { float x, y, z, w; };
+
+enum { EMU_RUN, EMU_AT_BLOCK, EMU_AT_WAVE, EMU_DONE };
+
+struct EmuFiber {
+    void *sp;                /* saved stack pointer (x86-64) */
+#ifdef EMU_USE_UCONTEXT
+    ucontext_t uc;
+#endif
+    dim3 tid;
+    int lin;                 /* linear thread index in the block */
+    int state;
+    char *stack;
+};
+
+struct EmuWorker {
+    void *sched_sp;
+#ifdef EMU_USE_UCONTEXT
+    ucontext_t sched_uc;
+#endif
+    std::vector<EmuFiber> fibers;
+    const std::function<void()> *body;
+    int n;                   /* threads in the current block */
+    std::vector<char> dyn_shared;
+};
+
+inline thread_local EmuFiber *emu_cur;
+inline thread_local EmuWorker *emu_worker;
+inline thread_local dim3 emu_block_idx, emu_block_dim, emu_grid_dim;
+inline thread_local uint64_t emu_slot[1024]; /* shuffle exchange, one slot per thread */
+
+#define threadIdx (emu_cur->tid)
+#define blockIdx emu_block_idx
+#define blockDim emu_block_dim
+#define gridDim emu_grid_dim
+
+[[noreturn]] inline void emu_die(const char *msg) {
+    fflush(stdout);
+    fprintf(stderr, "glm: error: GPU emulation: %s\n", msg);
+    exit(1);
+}
+
+/* ---- fibers ----------------------------------------------------------------- */
+static const size_t EMU_STACK = 256 * 1024;
+
+#ifndef EMU_USE_UCONTEXT
+/* emu_ctx_switch(&save, to): push the callee-saved registers and the SSE/x87 control
+ * words, store the stack pointer in *save, load `to`, pop the same set, return into
+ * the other context. */
+extern "C" void emu_ctx_switch(void **save, void *to);
+asm(".text\n"
+    ".globl emu_ctx_switch\n"
+    ".type emu_ctx_switch,@function\n"
+    "emu_ctx_switch:\n"
+    "  pushq %rbp\n  pushq %rbx\n  pushq %r12\n  pushq %r13\n  pushq %r14\n  pushq %r15\n"
+    "  subq $8, %rsp\n  stmxcsr (%rsp)\n  fnstcw 4(%rsp)\n"
+    "  movq %rsp, (%rdi)\n  movq %rsi, %rsp\n"
+    "  ldmxcsr (%rsp)\n  fldcw 4(%rsp)\n  addq $8, %rsp\n"
+    "  popq %r15\n  popq %r14\n  popq %r13\n  popq %r12\n  popq %rbx\n  popq %rbp\n"
+    "  ret\n"
+    ".size emu_ctx_switch, .-emu_ctx_switch\n");
+#endif
+
+[[noreturn]] static void emu_fiber_main() {
+    (*emu_worker->body)();
+    emu_cur->state = EMU_DONE;
+#ifdef EMU_USE_UCONTEXT
+    setcontext(&emu_worker->sched_uc);
+#else
+    emu_ctx_switch(&emu_cur->sp, emu_worker->sched_sp);
+#endif
+    emu_die("finished fiber resumed");
+}
+
+static void emu_fiber_start(EmuFiber *f) {
+#ifdef EMU_USE_UCONTEXT
+    getcontext(&f->uc);
+    f->uc.uc_stack.ss_sp = f->stack;
+    f->uc.uc_stack.ss_size = EMU_STACK;
+    f->uc.uc_link = nullptr;
+    makecontext(&f->uc, (void (*)())emu_fiber_main, 0);
+#else
+    /* a frame that emu_ctx_switch pops: control words, six registers, the return
+     * address; the slot above it is where a caller's return address would be, so
+     * the entry sees the stack alignment of a normal call */
+    uint64_t *top = (uint64_t *)(f->stack + EMU_STACK);
+    uint64_t *sp = top - 9; /* after the ret, rsp = top - 8: 8 mod 16, as after a call */
+    sp[0] = 0x037F00001F80ull; /* mxcsr 0x1F80 (low word), x87 control 0x037F */
+    for (int i = 1; i <= 6; i++) sp[i] = 0;
+    sp[7] = (uint64_t)(uintptr_t)&emu_fiber_main;
+    f->sp = sp;
+#endif
+}
+
+/* Runs the current fiber's thread until it must wait in `state`. */
+static inline void emu_wait(int state) {
+    EmuFiber *me = emu_cur;
+    me->state = state;
+#ifdef EMU_USE_UCONTEXT
+    swapcontext(&me->uc, &emu_worker->sched_uc);
+#else
+    emu_ctx_switch(&me->sp, emu_worker->sched_sp);
+#endif
+}
+
+inline void __syncthreads() { emu_wait(EMU_AT_BLOCK); }
+inline void emu_syncwave() { emu_wait(EMU_AT_WAVE); }
+
+/* xor shuffle: each lane posts its value, the wave meets, each reads its partner. */
+template <class T> inline T emu_shfl_xor(T v, int mask) {
+    static_assert(sizeof(T) <= 8, "shuffle of a type wider than 8 bytes");
+    EmuFiber *me = emu_cur;
+    int lane = me->lin % WAVE, src = me->lin ^ mask;
+    if (mask <= 0 || (lane ^ mask) >= WAVE || src >= emu_worker->n) emu_die("shuffle partner outside the wave");
+    memcpy(&emu_slot[me->lin], &v, sizeof v);
+    emu_wait(EMU_AT_WAVE);
+    if (emu_worker->fibers[src].state == EMU_DONE) emu_die("shuffle with a lane that has exited");
+    T r;
+    memcpy(&r, &emu_slot[src], sizeof r);
+    emu_wait(EMU_AT_WAVE);
+    return r;
+}
+#define SHFL_XOR(v, m) emu_shfl_xor((v), (m))
+
+/* Runs one block to completion: round-robin over runnable fibers, then open
+ * whichever barrier every live participant has reached. */
+static void emu_run_block(EmuWorker *w, int n) {
+    if ((int)w->fibers.size() < n) {
+        size_t old = w->fibers.size();
+        w->fibers.resize(n);
+        for (size_t i = old; i < (size_t)n; i++) {
+            void *p = mmap(nullptr, EMU_STACK, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+            if (p == MAP_FAILED) emu_die("cannot map a fiber stack");
+            w->fibers[i].stack = (char *)p;
+        }
+    }
+    w->n = n;
+    const dim3 bd = emu_block_dim;
+    for (int i = 0; i < n; i++) {
+        EmuFiber *f = &w->fibers[i];
+        f->lin = i;
+        f->tid = dim3(i % bd.x, (i / bd.x) % bd.y, i / (bd.x * bd.y));
+        f->state = EMU_RUN;
+        emu_fiber_start(f);
+    }
+    int done = 0;
+    for (;;) {
+        for (int i = 0; i < n; i++) {
+            EmuFiber *f = &w->fibers[i];
+            if (f->state != EMU_RUN) continue;
+            emu_cur = f;
+#ifdef EMU_USE_UCONTEXT
+            swapcontext(&w->sched_uc, &f->uc);
+#else
+            emu_ctx_switch(&w->sched_sp, f->sp);
+#endif
+            if (f->state == EMU_DONE) done++;
+        }
+        if (done == n) return;
+        int released = 0, at_block = 0, live = n - done;
+        for (int w0 = 0; w0 < n; w0 += WAVE) {
+            int end = w0 + WAVE < n ? w0 + WAVE : n, waiting = 0, alive = 0;
+            for (int i = w0; i < end; i++) {
+                int s = w->fibers[i].state;
+                if (s != EMU_DONE) alive++;
+                if (s == EMU_AT_WAVE) waiting++;
+                if (s == EMU_AT_BLOCK) at_block++;
+            }
+            if (waiting && waiting == alive) {
+                for (int i = w0; i < end; i++)
+                    if (w->fibers[i].state == EMU_AT_WAVE) w->fibers[i].state = EMU_RUN;
+                released = 1;
+            }
+        }
+        if (released) continue;
+        if (at_block == live) {
+            for (int i = 0; i < n; i++)
+                if (w->fibers[i].state == EMU_AT_BLOCK) w->fibers[i].state = EMU_RUN;
+            continue;
+        }
+        emu_die("deadlock: threads of one block wait at different barriers (a __syncthreads or shuffle "
+                "that not every thread reaches)");
+    }
+}
+
+/* ---- launches: a small pool of workers takes blocks off a counter ------------- */
+struct EmuPool {
+    std::mutex mu;
+    std::condition_variable cv_job, cv_done;
+    std::vector<std::thread> threads;
+    const std::function<void()> *body = nullptr;
+    dim3 grid, block;
+    size_t shmem = 0;
+    std::atomic<long> next{0};
+    long total = 0;
+    int busy = 0;
+    unsigned long gen = 0;
+    int n_threads = 0;
+};
+inline EmuPool &emu_pool = *new EmuPool; /* never destroyed: workers wait on it at exit */
+
+static void emu_work(EmuWorker *w) {
+    EmuPool &p = emu_pool;
+    emu_worker = w;
+    w->body = p.body;
+    emu_grid_dim = p.grid;
+    emu_block_dim = p.block;
+    if (w->dyn_shared.size() < p.shmem) w->dyn_shared.resize(p.shmem);
+    int n = (int)(p.block.x * p.block.y * p.block.z);
+    for (long b; (b = p.next.fetch_add(1)) < p.total;) {
+        emu_block_idx = dim3((unsigned)(b % p.grid.x), (unsigned)(b / p.grid.x % p.grid.y), (unsigned)(b / ((long)p.grid.x * p.grid.y)));
+        emu_run_block(w, n);
+    }
+}
+
+static void emu_worker_loop() {
+    EmuWorker w;
+    EmuPool &p = emu_pool;
+    unsigned long seen = 0;
+    for (;;) {
+        {
+            std::unique_lock<std::mutex> lk(p.mu);
+            p.cv_job.wait(lk, [&] { return p.gen != seen; });
+            seen = p.gen;
+        }
+        emu_work(&w);
+        std::lock_guard<std::mutex> lk(p.mu);
+        if (--p.busy == 0) p.cv_done.notify_all();
+    }
+}
+
+inline void emu_run(dim3 grid, dim3 block, size_t shmem, const std::function<void()> &body) {
+    long threads = (long)block.x * block.y * block.z, total = (long)grid.x * grid.y * grid.z;
+    if (threads < 1 || threads > 1024) emu_die("launch with more than 1024 threads per block");
+    if (grid.y > 65535 || grid.z > 65535 || grid.x > 2147483647u) emu_die("grid dimension over the hardware limit");
+    if (total == 0) emu_die("launch with an empty grid");
+    EmuPool &p = emu_pool;
+    static thread_local EmuWorker self;
+    if (!p.n_threads) {
+        const char *e = getenv("GLM_EMU_THREADS");
+        p.n_threads = e ? atoi(e) : (int)std::thread::hardware_concurrency();
+        if (p.n_threads < 1) p.n_threads = 1;
+        for (int i = 1; i < p.n_threads; i++) {
+            p.threads.emplace_back(emu_worker_loop);
+            p.threads.back().detach();
+        }
+    }
+    EmuFiber *saved = emu_cur;
+    p.body = &body;
+    p.grid = grid;
+    p.block = block;
+    p.shmem = shmem;
+    p.total = total;
+    p.next = 0;
+    if (total > 1 && p.n_threads > 1) {
+        std::unique_lock<std::mutex> lk(p.mu);
+        p.busy = p.n_threads - 1;
+        p.gen++;
+        p.cv_job.notify_all();
+    }
+    emu_work(&self);
+    if (total > 1 && p.n_threads > 1) {
+        std::unique_lock<std::mutex> lk(p.mu);
+        p.cv_done.wait(lk, [&] { return p.busy == 0; });
+    }
+    emu_cur = saved;
+}
+
+/* Dynamic shared memory (the `extern __shared__` array sized at launch). */
+#define DYN_SHARED(type, name) type *name = (type *)(void *)emu_worker->dyn_shared.data()
+
+/* LAUNCH(kernel, grid, block, shared bytes, stream, args...): the arguments are
+ * converted to the kernel's parameter types once, as a real launch copies them. */
+template <class... P, class... A>
+inline void emu_launch(dim3 grid, dim3 block, size_t shmem, void (*k)(P...), A &&...a) {
+    std::tuple<typename std::decay<P>::type...> args(std::forward<A>(a)...);
+    emu_run(grid, block, shmem, [&] { std::apply(k, args); });
+}
+#define LAUNCH(k, grid, block, shmem, stream, ...) ((void)(stream), emu_launch(dim3(grid), dim3(block), (shmem), k, __VA_ARGS__))
+
+/* ---- device intrinsics ----------------------------------------------------------- */
+inline float __int_as_float(int i) { float f; memcpy(&f, &i, 4); return f; }
+inline int __float_as_int(float f) { int i; memcpy(&i, &f, 4); return i; }
+inline float __uint_as_float(unsigned i) { float f; memcpy(&f, &i, 4); return f; }
+inline unsigned __float_as_uint(float f) { unsigned i; memcpy(&i, &f, 4); return i; }
+/* Shared-memory integer atomics: the fibers of a block share one OS thread, so a plain
+ * read-modify-write is atomic among them; global ones use real atomics across workers. */
+inline int atomicAdd(int *p, int v) { return __atomic_fetch_add(p, v, __ATOMIC_RELAXED); }
+inline unsigned atomicAdd(unsigned *p, unsigned v) { return __atomic_fetch_add(p, v, __ATOMIC_RELAXED); }
+
+/* ---- the runtime API on virtual devices --------------------------------------------- */
+typedef int hipError_t;
+enum { hipSuccess = 0, hipErrorOutOfMemory = 2, hipErrorInvalidValue = 1, hipErrorInvalidDevice = 101 };
+typedef enum { hipMemcpyHostToHost, hipMemcpyHostToDevice, hipMemcpyDeviceToHost, hipMemcpyDeviceToDevice, hipMemcpyDefault } hipMemcpyKind;
+typedef struct EmuStream *hipStream_t;
+typedef struct EmuEvent { double t; } *hipEvent_t;
+typedef struct {
+    char name[256];
+    size_t totalGlobalMem;
+    int multiProcessorCount;
+    int warpSize;
+    char gcnArchName[256];
+} hipDeviceProp_t;
+
+struct EmuDevices {
+    int n = -1;
+    size_t cap = 0;
+    size_t used[64] = {0};
+    std::unordered_map<void *, std::pair<size_t, int>> allocs;
+    std::mutex mu;
+};
+inline EmuDevices emu_dev;
+inline thread_local int emu_device = 0;
+inline hipError_t emu_last_error = hipSuccess;
+
+static void emu_dev_init() {
+    if (emu_dev.n >= 0) return;
+    const char *e = getenv("GLM_EMU_DEVICES"), *m = getenv("GLM_EMU_DEVICE_MEM");
+    emu_dev.n = e ? atoi(e) : 4;
+    if (emu_dev.n < 0) emu_dev.n = 0;
+    if (emu_dev.n > 64) emu_dev.n = 64;
+    emu_dev.cap = m ? (size_t)strtoull(m, nullptr, 10) : ((size_t)16 << 30);
+}
+
+inline const char *hipGetErrorString(hipError_t e) {
+    switch (e) {
+    case hipSuccess: return "no error";
+    case hipErrorOutOfMemory: return "out of memory (emulated device)";
+    case hipErrorInvalidDevice: return "invalid device ordinal (emulated)";
+    default: return "invalid value (emulated)";
+    }
+}
+inline hipError_t hipGetLastError() { hipError_t e = emu_last_error; emu_last_error = hipSuccess; return e; }
+inline hipError_t hipGetDeviceCount(int *n) { emu_dev_init(); *n = emu_dev.n; return hipSuccess; }
+inline hipError_t hipSetDevice(int d) {
+    emu_dev_init();
+    if (d < 0 || d >= emu_dev.n) return hipErrorInvalidDevice;
+    emu_device = d;
+    return hipSuccess;
+}
+inline hipError_t hipGetDevice(int *d) { *d = emu_device; return hipSuccess; }
+inline hipError_t hipGetDeviceProperties(hipDeviceProp_t *p, int d) {
+    emu_dev_init();
+    memset(p, 0, sizeof *p);
+    snprintf(p->name, sizeof p->name, "emulated device %d (wave %d)", d, WAVE);
+    snprintf(p->gcnArchName, sizeof p->gcnArchName, "emu");
+    p->totalGlobalMem = emu_dev.cap;
+    p->multiProcessorCount = 1;
+    p->warpSize = WAVE;
+    return hipSuccess;
+}
+inline hipError_t hipMemGetInfo(size_t *free_b, size_t *total) {
+    emu_dev_init();
+    std::lock_guard<std::mutex> lk(emu_dev.mu);
+    *total = emu_dev.cap;
+    *free_b = emu_dev.cap - emu_dev.used[emu_device];
+    return hipSuccess;
+}
+inline hipError_t hipMalloc(void **p, size_t n) {
+    emu_dev_init();
+    std::lock_guard<std::mutex> lk(emu_dev.mu);
+    if (n > emu_dev.cap - emu_dev.used[emu_device]) { *p = nullptr; return hipErrorOutOfMemory; }
+    void *q = nullptr;
+    if (posix_memalign(&q, 256, n ? n : 1)) return hipErrorOutOfMemory;
+    memset(q, 0xA5, n); /* device memory starts as garbage, not zeros */
+    emu_dev.used[emu_device] += n;
+    emu_dev.allocs[q] = {n, emu_device};
+    *p = q;
+    return hipSuccess;
+}
+template <class T> inline hipError_t hipMalloc(T **p, size_t n) { return hipMalloc((void **)p, n); }
+inline hipError_t hipFree(void *p) {
+    if (!p) return hipSuccess;
+    std::lock_guard<std::mutex> lk(emu_dev.mu);
+    auto it = emu_dev.allocs.find(p);
+    if (it == emu_dev.allocs.end()) return hipErrorInvalidValue;
+    emu_dev.used[it->second.second] -= it->second.first;
+    emu_dev.allocs.erase(it);
+    free(p);
+    return hipSuccess;
+}
+inline hipError_t hipHostMalloc(void **p, size_t n, unsigned = 0) { *p = malloc(n ? n : 1); return *p ? hipSuccess : hipErrorOutOfMemory; }
+inline hipError_t hipHostFree(void *p) { free(p); return hipSuccess; }
+inline hipError_t hipMemcpy(void *d, const void *s, size_t n, hipMemcpyKind) { if (n) memmove(d, s, n); return hipSuccess; }
+inline hipError_t hipMemcpyAsync(void *d, const void *s, size_t n, hipMemcpyKind k, hipStream_t = nullptr) { return hipMemcpy(d, s, n, k); }
+inline hipError_t hipMemcpyPeer(void *d, int, const void *s, int, size_t n) { if (n) memmove(d, s, n); return hipSuccess; }
+inline hipError_t hipMemset(void *d, int v, size_t n) { memset(d, v, n); return hipSuccess; }
+inline hipError_t hipMemsetAsync(void *d, int v, size_t n, hipStream_t = nullptr) { memset(d, v, n); return hipSuccess; }
+inline hipError_t hipDeviceSynchronize() { return hipSuccess; }
+inline hipError_t hipStreamCreate(hipStream_t *s) { *s = nullptr; return hipSuccess; }
+inline hipError_t hipStreamDestroy(hipStream_t) { return hipSuccess; }
+inline hipError_t hipStreamSynchronize(hipStream_t) { return hipSuccess; }
+static double emu_now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+inline hipError_t hipEventCreate(hipEvent_t *e) { *e = new EmuEvent{0}; return hipSuccess; }
+inline hipError_t hipEventDestroy(hipEvent_t e) { delete e; return hipSuccess; }
+inline hipError_t hipEventRecord(hipEvent_t e, hipStream_t = nullptr) { e->t = emu_now(); return hipSuccess; }
+inline hipError_t hipEventSynchronize(hipEvent_t) { return hipSuccess; }
+inline hipError_t hipEventElapsedTime(float *ms, hipEvent_t a, hipEvent_t b) { *ms = (float)((b->t - a->t) * 1e3); return hipSuccess; }
+
+#endif

@@ -7,7 +7,7 @@
  *   part 1   model.safetensors.index.json; empty = a single-file checkpoint
  *   part 2.. the shard files, in the index's order of first mention (or the one
  *            model.safetensors): 8 bytes little-endian D, then the file's first bytes;
- *            the file is those bytes followed by D % 2^24 zero bytes (data sections
+ *            the file is those bytes followed by D % 2^27 zero bytes (data sections
  *            are big and their contents never matter to the checks).
  * Besides the sanitizers, an accepted checkpoint must satisfy what the rest of the
  * program relies on: every tensor inside its shard's data section, sized exactly
@@ -39,7 +39,7 @@ static uint8_t *shard_file(const uint8_t *p, size_t n, size_t *size) {
     uint64_t d = 0;
     for (int i = 7; i >= 0 && n >= 8; i--) d = (d << 8) | p[i];
     if (n >= 8) { p += 8; n -= 8; } else n = 0;
-    *size = n + (size_t)(d % (1u << 24));
+    *size = n + (size_t)(d % (1u << 27)); /* up to 128 MB: past the 100 MB header limit */
     if (*size == 0) return NULL;
     uint8_t *m = mmap(NULL, *size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (m == MAP_FAILED) abort();

@@ -134,6 +134,25 @@ def main():
     ix = {"metadata": {}, "weight_map": {"a.weight": "s1.safetensors", "x.weight": "s2.safetensors",
                                          "b.weight": "s1.safetensors"}}
     put("checkpoint", SEP.join([cfg, json.dumps(ix).encode(), st_file(h1, 21), st_file(h2, 8)]), "ck-two")
+    # config variants: the other ways to give the layer schedules, rope theta and eos
+    base = json.loads(cfg)
+    variants = [
+        {"indexer_types": None, "index_topk_pattern": "FSSFSF"},
+        {"indexer_types": None, "index_topk_pattern": None, "index_topk_freq": 2, "index_skip_topk_offset": 1},
+        {"mlp_layer_types": None, "first_k_dense_replace": 3, "eos_token_id": [1, 2, 3]},
+        {"rope_parameters": None, "rope_theta": 10000, "qk_head_dim": None, "eos_token_id": 7},
+        {"n_group": 4, "topk_group": 2, "num_experts_per_tok": 4},
+        {"n_routed_experts": 16, "n_group": 8, "topk_group": 1, "num_experts_per_tok": 2},
+    ]
+    for i, v in enumerate(variants):
+        c = dict(base)
+        for k, val in v.items():
+            if val is None:
+                c.pop(k, None)
+            else:
+                c[k] = val
+        put("checkpoint", json.dumps(c, indent=1).encode(), "config-variant-%d" % i)
+        put("json", json.dumps(c, indent=1).encode(), "config-variant-%d.json" % i)
     return 0
 
 

@@ -921,7 +921,7 @@ static int g_scratch_cols;
 static double g_bytes_read;       /* weight + cache bytes touched, for GB/s reports */
 static double g_flops;            /* floating-point operations (2 per multiply-add), for FLOP/s reports */
 static float *g_x_split;          /* [g_scratch_cols] MXFP4 activation order, see split_even_odd */
-static float *g_panel;            /* [g_threads][33][g_scratch_cols] prefill panels (32 rows k-major + one row) */
+static float *g_panel;            /* [g_threads][65][g_scratch_cols] prefill: a 32-row k-major panel, its 32 rows, a spare row */
 static int g_prefill_bf16;        /* --prefill-bf16: prefill products with bf16 inputs (2x the FMA rate, ~1e-3 error) */
 static uint16_t *g_x_bf16;        /* [cap][g_scratch_cols + 1] activations rounded to bf16 for that mode */
 
@@ -932,7 +932,7 @@ static void scratch_init(int max_cols) {
     g_scratch_cols = max_cols;
     g_row_scratch = xmalloc((size_t)g_threads * (size_t)max_cols * sizeof(float));
     g_x_split = xmalloc((size_t)max_cols * sizeof(float));
-    g_panel = xcalloc((size_t)g_threads * 33 * (size_t)max_cols, sizeof(float));
+    g_panel = xcalloc((size_t)g_threads * 65 * (size_t)max_cols, sizeof(float));
     g_x_bf16 = xcalloc((size_t)64 * (max_cols + 1), sizeof(uint16_t)); /* 64 = the chunk size of RunState */
 }
 
@@ -1069,8 +1069,8 @@ static void matmul_rows(float *y, int ldy, const float *x, int ldx, const Mat *W
         }
 #pragma omp parallel if (parallel)
         {
-            float *row = g_panel + (size_t)thread_id() * 33 * g_scratch_cols + (size_t)32 * g_scratch_cols;
-            uint16_t *panel = (uint16_t *)(g_panel + (size_t)thread_id() * 33 * g_scratch_cols); /* [K2/2][32][2] */
+            float *row = g_panel + (size_t)thread_id() * 65 * g_scratch_cols + (size_t)64 * g_scratch_cols;
+            uint16_t *panel = (uint16_t *)(g_panel + (size_t)thread_id() * 65 * g_scratch_cols); /* [K2/2][32][2] */
 #pragma omp for schedule(dynamic, 1)
             for (int rb = 0; rb < nr; rb += 32) {
                 int nj = nr - rb < 32 ? nr - rb : 32;
@@ -1092,14 +1092,17 @@ static void matmul_rows(float *y, int ldy, const float *x, int ldx, const Mat *W
         const int K = W->cols, KC = 512;
 #pragma omp parallel if (parallel)
         {
-            float *panel = g_panel + (size_t)thread_id() * 33 * g_scratch_cols, *row = panel + (size_t)32 * g_scratch_cols;
+            float *panel = g_panel + (size_t)thread_id() * 65 * g_scratch_cols, *rows = panel + (size_t)32 * g_scratch_cols;
 #pragma omp for schedule(dynamic, 1)
             for (int rb = 0; rb < nr; rb += 32) {
-                int nj = nr - rb < 32 ? nr - rb : 32;
-                for (int j = 0; j < nj; j++) {
-                    mat_dequant_row(W, r0 + rb + j, row);
-                    for (int k = 0; k < K; k++) panel[(size_t)k * 32 + j] = row[k];
+                int nj = nr - rb < 32 ? nr - rb : 32, k0 = 0;
+                for (int j = 0; j < nj; j++) mat_dequant_row(W, r0 + rb + j, rows + (size_t)j * K);
+                if (kernels.pack_panel && nj == 32) { /* SIMD transpose of whole 16x16 blocks */
+                    kernels.pack_panel(rows, K, K, panel);
+                    k0 = K & ~15;
                 }
+                for (int j = 0; j < nj; j++)
+                    for (int k = k0; k < K; k++) panel[(size_t)k * 32 + j] = rows[(size_t)j * K + k];
                 for (int t = 0; t < n; t++) memset(y + (size_t)t * ldy + rb, 0, (size_t)nj * sizeof(float));
                 for (int k0 = 0; k0 < K; k0 += KC)
                     kernels.gemm_panel(panel + (size_t)k0 * 32, K - k0 < KC ? K - k0 : KC, x + k0, ldx, n, y + rb, ldy, nj);
@@ -1494,7 +1497,22 @@ static void moe(const Model *m, const Layer *L, RunState *s, const float *x, flo
 
 /* Runs tokens[0..n) at positions kv->pos.. and appends them to the cache. Writes
  * logits [n][V] if all_logits, else only the last token's [V] (may be NULL). */
+#ifdef GLM_GPU
+/* --gpu: every forward() runs glm_hip.hip's copy of it instead, at the same cache
+ * position; sample() then draws on the device from the logits it left there. */
+static GpuModel *g_gpu;
+static const float *g_gpu_logits;    /* host copy of the device's last-token logits */
+#endif
+
 static void forward(const Model *m, KVCache *kv, RunState *s, const int *tokens, int n, float *logits, int all_logits) {
+#ifdef GLM_GPU
+    if (g_gpu) {
+        gpu_forward(g_gpu, kv->pos, tokens, n, logits, all_logits);
+        kv->pos += n;
+        g_gpu_logits = all_logits ? NULL : logits;
+        return;
+    }
+#endif
     const Config *c = &m->cfg;
     const int H = c->hidden;
     for (int start = 0; start < n; start += s->cap) {
@@ -1551,6 +1569,12 @@ static int cmp_prob_desc(const void *a, const void *b) {
 
 /* Picks the next token from logits[V] (overwritten with probabilities). */
 static int sample(Sampler *sp, float *logits, int V) {
+#ifdef GLM_GPU
+    if (g_gpu && logits && logits == g_gpu_logits) { /* same draws from the same generator */
+        g_gpu_logits = NULL;
+        return gpu_sample(g_gpu, sp->temperature, sp->top_p, sp->temperature > 0.0f ? random_f32(sp) : 0.0f);
+    }
+#endif
     if (sp->temperature <= 0.0f) return argmax(logits, V);
     float mx = logits[argmax(logits, V)], sum = 0.0f;
     for (int i = 0; i < V; i++) { logits[i] = expf((logits[i] - mx) / sp->temperature); sum += logits[i]; }
@@ -1727,9 +1751,6 @@ typedef struct {
     Model model;
     KVCache kv;
     RunState state;
-#ifdef GLM_GPU
-    GpuModel *gpu;           /* --gpu: the weights and KV cache on the device(s) */
-#endif
 } Session;
 
 static void session_open(Session *S, const Args *a, int n_prompt) {
@@ -1749,13 +1770,14 @@ static void session_open(Session *S, const Args *a, int n_prompt) {
             a->model_dir, S->model.cfg.n_layers, S->model.weight_bytes / 1e9, S->model.ck.n_shards, now_s() - t0, ctx,
             kvcache_bytes(&S->model, 1), kvcache_bytes(&S->model, ctx) / 1048576.0, g_threads, kernels.name);
 #ifdef GLM_GPU
-    S->gpu = a->gpu ? gpu_load(&S->model, a->n_gpus, ctx) : NULL;
+    g_gpu = a->gpu ? gpu_load(&S->model, a->n_gpus, ctx) : NULL;
 #endif
 }
 
 static void session_close(Session *S) {
 #ifdef GLM_GPU
-    gpu_free(S->gpu);
+    gpu_free(g_gpu);
+    g_gpu = NULL;
 #endif
     runstate_free(&S->state);
     kvcache_free(&S->kv);
@@ -1780,14 +1802,6 @@ static int cmd_logits(const Args *a) {
     session_open(&S, a, n);
     const int V = S.model.cfg.vocab_size;
     float *logits = xmalloc((size_t)n * V * sizeof(float));
-#ifdef GLM_GPU
-    if (S.gpu) { /* the same calls, on the device */
-        if (a->decode)
-            for (int t = 0; t < n; t++) gpu_forward(S.gpu, ids + t, 1, logits + (size_t)t * V, 0);
-        else
-            gpu_forward(S.gpu, ids, n, logits, 1);
-    } else
-#endif
     if (a->decode)
         for (int t = 0; t < n; t++) forward(&S.model, &S.kv, &S.state, ids + t, 1, logits + (size_t)t * V, 0);
     else
@@ -1849,34 +1863,6 @@ static int is_eos(const Config *c, int id) {
     for (int i = 0; i < c->n_eos; i++) if (c->eos[i] == id) return 1;
     return 0;
 }
-
-#ifdef GLM_GPU
-/* glm run --gpu: cmd_run's loop with the forward pass and the sampling on the device;
- * the random numbers come from the same generator, drawn in the same order. */
-static int cmd_run_gpu(Session *S, Sampler *sp, const int *ids, int n, int n_gen) {
-    const Config *c = &S->model.cfg;
-    double t0 = now_s();
-    gpu_forward(S->gpu, ids, n, NULL, 0);
-    int n_out = 0, next = gpu_sample(S->gpu, sp->temperature, sp->top_p, sp->temperature > 0.0f ? random_f32(sp) : 0.0f);
-    double t_prefill = now_s() - t0, t1 = now_s();
-    int pos = n;
-    while (n_out < n_gen) {
-        printf("%s%d", n_out ? " " : "", next);
-        fflush(stdout);
-        n_out++;
-        if (is_eos(c, next) || n_out == n_gen || pos >= S->kv.ctx) break;
-        gpu_forward(S->gpu, &next, 1, NULL, 0);
-        pos++;
-        next = gpu_sample(S->gpu, sp->temperature, sp->top_p, sp->temperature > 0.0f ? random_f32(sp) : 0.0f);
-    }
-    printf("\n");
-    double t_decode = now_s() - t1;
-    int n_dec = n_out > 1 ? n_out - 1 : 0;
-    fprintf(stderr, "prefill (gpu): %d tokens in %.3f s (%.2f tok/s)\n", n, t_prefill, n / t_prefill);
-    if (n_dec) fprintf(stderr, "decode (gpu): %d tokens in %.3f s (%.2f tok/s)\n", n_dec, t_decode, n_dec / t_decode);
-    return 0;
-}
-#endif
 
 /* Samples and prints up to n_gen tokens after the prefill that produced `logits`;
  * each one goes through the cache. Returns the count; the ids land in out[]. */

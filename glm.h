@@ -218,6 +218,8 @@ typedef struct {
     void (*gemm_panel)(const float *P, int K, const float *X, int ldx, int n, float *Y, int ldy, int nj);
     /* the same with bf16 inputs, P as pairs [K/2][32][2], K even (only with --prefill-bf16) */
     void (*gemm_panel_bf16)(const uint16_t *P, int K, const uint16_t *X, int ldx, int n, float *Y, int ldy, int nj);
+    /* P[k*32 + j] = rows[j*ld + k], j < 32, k < K rounded down to 16: build a panel */
+    void (*pack_panel)(const float *rows, int ld, int K, float *P);
     float (*dot)(const float *a, const float *b, int n);
     void (*axpy)(float *y, float a, const float *x, int n);   /* y += a·x */
     /* machine measurements for glm bench (never NULL) */

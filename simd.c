@@ -311,6 +311,42 @@ GEMM_TILE(12)
 GEMM_TILE(4)
 GEMM_TILE(1)
 
+/* Transposes a 16x16 block: out[k*ldo + j] = in[j*ldi + k]. Four stages of lane
+ * shuffles (pairs, quads, 128-bit halves, 256-bit halves). */
+AVX512 static void transpose16x16(const float *in, int ldi, float *out, int ldo) {
+    __m512 r[16], t[16];
+    for (int j = 0; j < 16; j++) r[j] = _mm512_loadu_ps(in + (size_t)j * ldi);
+    for (int j = 0; j < 16; j += 2) {
+        t[j] = _mm512_unpacklo_ps(r[j], r[j + 1]);
+        t[j + 1] = _mm512_unpackhi_ps(r[j], r[j + 1]);
+    }
+    for (int j = 0; j < 16; j += 4) {
+        r[j] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[j]), _mm512_castps_pd(t[j + 2])));
+        r[j + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[j]), _mm512_castps_pd(t[j + 2])));
+        r[j + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[j + 1]), _mm512_castps_pd(t[j + 3])));
+        r[j + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[j + 1]), _mm512_castps_pd(t[j + 3])));
+    }
+    /* r[4q + i] now holds, for rows 4q..4q+3, column (4·lane128 + i) of each 128-bit lane */
+    for (int i = 0; i < 4; i++) {
+        __m512 a = _mm512_shuffle_f32x4(r[i], r[4 + i], 0x88), b = _mm512_shuffle_f32x4(r[i], r[4 + i], 0xDD);
+        __m512 c = _mm512_shuffle_f32x4(r[8 + i], r[12 + i], 0x88), d = _mm512_shuffle_f32x4(r[8 + i], r[12 + i], 0xDD);
+        t[i] = _mm512_shuffle_f32x4(a, c, 0x88);      /* column i      */
+        t[8 + i] = _mm512_shuffle_f32x4(a, c, 0xDD);  /* column 8 + i  */
+        t[4 + i] = _mm512_shuffle_f32x4(b, d, 0x88);  /* column 4 + i  */
+        t[12 + i] = _mm512_shuffle_f32x4(b, d, 0xDD); /* column 12 + i */
+    }
+    for (int k = 0; k < 16; k++) _mm512_storeu_ps(out + (size_t)k * ldo, t[k]);
+}
+
+/* P[k*32 + j] = rows[j*ld + k] for j < 32, k < K (K a multiple of 16 here; the
+ * caller does the rest): the k-major panel of the prefill product. */
+AVX512 static void pack_panel_avx512(const float *rows, int ld, int K, float *P) {
+    for (int k = 0; k + 16 <= K; k += 16) {
+        transpose16x16(rows + k, ld, P + (size_t)k * 32, 32);
+        transpose16x16(rows + (size_t)16 * ld + k, ld, P + (size_t)k * 32 + 16, 32);
+    }
+}
+
 AVX512 static void gemm_panel_avx512(const float *P, int K, const float *X, int ldx, int n, float *Y, int ldy, int nj) {
     __mmask16 m0 = nj >= 16 ? 0xFFFF : (__mmask16)((1u << nj) - 1);
     __mmask16 m1 = nj >= 32 ? 0xFFFF : nj > 16 ? (__mmask16)((1u << (nj - 16)) - 1) : 0;
@@ -504,22 +540,22 @@ static double fma_peak_plain(void) {
 }
 
 /* The kernel table glm.c calls through. NULL entries mean "use the plain C loop". */
-Kernels kernels = {"plain C", NULL, NULL, NULL, NULL, NULL, NULL, read_bandwidth_plain, fma_peak_plain};
+Kernels kernels = {"plain C", NULL, NULL, NULL, NULL, NULL, NULL, NULL, read_bandwidth_plain, fma_peak_plain};
 
 void kernels_init(const char *want) {
-    Kernels plain = {"plain C", NULL, NULL, NULL, NULL, NULL, NULL, read_bandwidth_plain, fma_peak_plain};
+    Kernels plain = {"plain C", NULL, NULL, NULL, NULL, NULL, NULL, NULL, read_bandwidth_plain, fma_peak_plain};
     kernels = plain;
     if (want && !strcmp(want, "c")) return;
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
-        Kernels k = {"AVX2", matvec_avx2, NULL, NULL, NULL, dot_f32_avx2, axpy_f32_avx2, read_bandwidth_plain, fma_peak_plain};
+        Kernels k = {"AVX2", matvec_avx2, NULL, NULL, NULL, NULL, dot_f32_avx2, axpy_f32_avx2, read_bandwidth_plain, fma_peak_plain};
         kernels = k;
     }
     if (want && !strcmp(want, "avx2")) return; /* GLM_KERNELS=avx2: test the AVX2 set on an AVX-512 machine */
     if (cpu_has_avx512()) {
-        Kernels k = {"AVX-512", matvec_avx512, dequant_row_avx512, gemm_panel_avx512, NULL, dot_f32_avx512, axpy_f32_avx512,
-                     read_bandwidth_avx512, fma_peak_avx512};
+        Kernels k = {"AVX-512", matvec_avx512, dequant_row_avx512, gemm_panel_avx512, NULL, pack_panel_avx512, dot_f32_avx512,
+                     axpy_f32_avx512, read_bandwidth_avx512, fma_peak_avx512};
         if (__builtin_cpu_supports("avx512bf16")) { k.name = "AVX-512 (+BF16)"; k.gemm_panel_bf16 = gemm_panel_bf16_avx512; }
         kernels = k;
     }

@@ -127,6 +127,19 @@ static int test_set(const char *want) {
         check(what, worst < 1e-5 && untouched, worst);
         free(P); free(X); free(Y);
     }
+    /* the panel transpose */
+    for (int c = 0; c < 3 && simd.pack_panel; c++) {
+        int K = (int[]){16, 48, 512}[c], ld = K + 8;
+        float *rows = malloc((size_t)32 * ld * 4), *P = malloc((size_t)K * 32 * 4);
+        for (int i = 0; i < 32 * ld; i++) rows[i] = rndf();
+        simd.pack_panel(rows, ld, K, P);
+        int bad = 0;
+        for (int j = 0; j < 32; j++) for (int k = 0; k < K; k++) bad += P[k * 32 + j] != rows[j * ld + k];
+        char what[64];
+        snprintf(what, sizeof what, "pack_panel K=%d", K);
+        check(what, bad == 0, bad);
+        free(rows); free(P);
+    }
     /* the bf16 micro-kernel: exact products of bf16 inputs, fp32 sums */
     for (int c = 0; c < 6 && simd.gemm_panel_bf16; c++) {
         int n = gemm_cases[c][0], K = (gemm_cases[c][1] + 1) & ~1, nj = gemm_cases[c][2], ldx = K + 4, ldy = nj + 5;

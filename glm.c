@@ -1086,7 +1086,7 @@ static void matmul_rows(float *y, int ldy, const float *x, int ldx, const Mat *W
         }
         return;
     }
-    if (kernels.gemm_panel) {
+    if (kernels.gemm_panel && n >= 8) {
         /* 32 rows at a time are dequantized once into a k-major panel; then every
          * token streams through it in k-chunks small enough to stay in L2 */
         const int K = W->cols, KC = 512;
@@ -1110,6 +1110,7 @@ static void matmul_rows(float *y, int ldy, const float *x, int ldx, const Mat *W
         }
         return;
     }
+    /* few tokens (an expert's share of a chunk) or no SIMD: dequantize a row, dot it with each token */
 #pragma omp parallel if (parallel)
     {
         float *row = g_row_scratch + (size_t)thread_id() * g_scratch_cols;

@@ -637,14 +637,13 @@ __global__ void __launch_bounds__(BLOCK) k_moe_route(const float *logits, const 
         }
     }
     /* A rounds of a block-wide best; a chosen expert is marked NaN so it drops out */
-    __shared__ int chosen[64];
     for (int k = 0; k < A; k++) {
         float v = 0.0f;
         int best = -1;
         for (int e = threadIdx.x; e < E; e += blockDim.x)
             if (sel[e] == sel[e] && better(sel[e], e, v, best)) { v = sel[e]; best = e; }
         block_best(v, best);
-        if (threadIdx.x == 0) { sel[best] = __uint_as_float(0x7fc00000u); if (k < 64) chosen[k] = best; idx[k] = best; }
+        if (threadIdx.x == 0) { sel[best] = __uint_as_float(0x7fc00000u); idx[k] = best; }
         __syncthreads();
     }
     if (threadIdx.x == 0) {
@@ -654,7 +653,6 @@ __global__ void __launch_bounds__(BLOCK) k_moe_route(const float *logits, const 
         for (int k = 0; k < A; k++) { weight[k] = score[idx[k]]; sum += weight[k]; }
         for (int k = 0; k < A; k++) weight[k] = (norm_topk_prob ? weight[k] / (sum + 1e-20f) : weight[k]) * routed_scale;
     }
-    (void)chosen;
 }
 
 /* y[t] += Σ_k w[t][k] · expert_out[t][k], experts in ascending index order */
@@ -746,6 +744,8 @@ __global__ void __launch_bounds__(BLOCK) k_sample(const float *logits, int V, fl
         hipError_t e_ = (call);                                                                \
         if (e_ != hipSuccess) glm_fatal("GPU: %s failed: %s", #call, hipGetErrorString(e_)); \
     } while (0)
+
+static void dfree(const void *p) { if (p) CHECK(hipFree((void *)p)); }
 
 /* A bump allocator over one device allocation. With base == NULL it only counts,
  * which is how the plan learns each device's bytes before anything is allocated. */
@@ -1075,12 +1075,12 @@ extern "C" GpuModel *gpu_load(const Model *m, int n_gpus, int ctx) {
 extern "C" void gpu_free(GpuModel *g) {
     if (!g) return;
     for (int d = 0; d < g->n_dev; d++) {
-        hipSetDevice(d);
-        hipFree(g->dev[d].weights.base);
-        hipFree(g->dev[d].scratch.base);
+        CHECK(hipSetDevice(d));
+        dfree(g->dev[d].weights.base);
+        dfree(g->dev[d].scratch.base);
     }
     for (int l = 0; l < g->c.n_layers; l++) /* the KV arena of a device starts at its first layer's cache */
-        if (l == 0 || g->layers[l].dev != g->layers[l - 1].dev) { hipSetDevice(g->layers[l].dev); hipFree(g->layers[l].latent); }
+        if (l == 0 || g->layers[l].dev != g->layers[l - 1].dev) { CHECK(hipSetDevice(g->layers[l].dev)); dfree(g->layers[l].latent); }
     free(g->layers);
     free(g);
 }
@@ -1262,7 +1262,7 @@ static DMat dev_mat(const Mat *W) {
     if (W->fmt == WF_MXFP4) d.mx_scale = (const uint8_t *)dev_copy(W->mx_scale, sb);
     return d;
 }
-static void dev_mat_free(DMat *d) { hipFree((void *)d->w); hipFree((void *)d->fp8_scale); hipFree((void *)d->mx_scale); }
+static void dev_mat_free(DMat *d) { dfree(d->w); dfree(d->fp8_scale); dfree(d->mx_scale); }
 
 /* y[t][i] = x[t] · W[r0+i] for n tokens, i < nr (matmul_rows; picks gemv or tiled by n) */
 extern "C" void gpuk_matmul_rows(float *y, const float *x, const Mat *W, int r0, int nr, int n) {
@@ -1271,7 +1271,7 @@ extern "C" void gpuk_matmul_rows(float *y, const float *x, const Mat *W, int r0,
     float *dx = (float *)dev_copy(x, (size_t)n * W->cols * sizeof(float)), *dy = (float *)dev_copy(NULL, (size_t)n * nr * sizeof(float));
     matmul_rows(dy, nr, dx, W->cols, d, r0, nr, n);
     host_copy(y, dy, (size_t)n * nr * sizeof(float));
-    dev_mat_free(&d); hipFree(dx); hipFree(dy);
+    dev_mat_free(&d); dfree(dx); dfree(dy);
 }
 
 extern "C" void gpuk_embed(float *y, const Mat *E, const int *tokens, int n) {
@@ -1281,7 +1281,7 @@ extern "C" void gpuk_embed(float *y, const Mat *E, const int *tokens, int n) {
     float *dy = (float *)dev_copy(NULL, (size_t)n * E->cols * sizeof(float));
     LAUNCH(k_embed, dim3(n), dim3(BLOCK), 0, 0, d, (const int *)dt, dy);
     host_copy(y, dy, (size_t)n * E->cols * sizeof(float));
-    dev_mat_free(&d); hipFree(dt); hipFree(dy);
+    dev_mat_free(&d); dfree(dt); dfree(dy);
 }
 
 extern "C" void gpuk_rmsnorm(float *y, const float *x, const float *w, int dim, int n, float eps) {
@@ -1289,7 +1289,7 @@ extern "C" void gpuk_rmsnorm(float *y, const float *x, const float *w, int dim, 
     float *dx = (float *)dev_copy(x, (size_t)n * dim * 4), *dw = (float *)dev_copy(w, (size_t)dim * 4);
     rmsnorm(dx, dx, dw, dim, n, eps); /* in place, as attention() uses it */
     host_copy(y, dx, (size_t)n * dim * 4);
-    hipFree(dx); hipFree(dw);
+    dfree(dx); dfree(dw);
 }
 
 /* The indexer key path: LayerNorm (eps 1e-6) then RoPE of the first `rope_dims` at
@@ -1300,7 +1300,7 @@ extern "C" void gpuk_layernorm_rope(float *y, const float *x, const float *w, co
     float *dc = (float *)dev_copy(NULL, (size_t)(pos + 1) * dim * 4), *dt = (float *)dev_copy(table, (size_t)(pos + 1) * rope_dims * 4);
     LAUNCH(k_ix_key, dim3(1), dim3(BLOCK), 0, 0, dc, (const float *)dx, (const float *)dw, (const float *)db, dim, rope_dims, pos, (const float *)dt);
     host_copy(y, dc + (size_t)pos * dim, (size_t)dim * 4);
-    hipFree(dx); hipFree(dw); hipFree(db); hipFree(dc); hipFree(dt);
+    dfree(dx); dfree(dw); dfree(db); dfree(dc); dfree(dt);
 }
 
 /* RoPE on nvec vectors of `stride` floats at rotary offset off, position pos. */
@@ -1309,7 +1309,7 @@ extern "C" void gpuk_rope(float *v, int nvec, int stride, int off, int dims, int
     float *dv = (float *)dev_copy(v, (size_t)nvec * stride * 4), *dt = (float *)dev_copy(table, (size_t)(pos + 1) * dims * 4);
     LAUNCH(k_rope, dim3(1), dim3(BLOCK), 0, 0, dv, nvec * stride, nvec, stride, off, dims, pos, (const float *)dt);
     host_copy(v, dv, (size_t)nvec * stride * 4);
-    hipFree(dv); hipFree(dt);
+    dfree(dv); dfree(dt);
 }
 
 /* topk_select of n scores into sel[k], in ascending index order */
@@ -1319,7 +1319,7 @@ extern "C" void gpuk_topk(int *sel, const float *score, int n, int k) {
     int *dsel = (int *)dev_copy(NULL, (size_t)k * 4), *dn = (int *)dev_copy(NULL, 4);
     LAUNCH(k_topk, dim3(1), dim3(BLOCK), 0, 0, (const float *)ds, n, k, n - 1, dsel, dn);
     host_copy(sel, dsel, (size_t)k * 4);
-    hipFree(ds); hipFree(dsel); hipFree(dn);
+    dfree(ds); dfree(dsel); dfree(dn);
 }
 
 extern "C" void gpuk_moe_route(int *idx, float *w, const Config *c, const float *logits, const float *bias, int n) {
@@ -1332,7 +1332,7 @@ extern "C" void gpuk_moe_route(int *idx, float *w, const Config *c, const float 
            c->routed_scale);
     host_copy(idx, di, (size_t)n * A * 4);
     host_copy(w, dw, (size_t)n * A * 4);
-    hipFree(dl); hipFree(db); hipFree(ds); hipFree(dw); hipFree(di);
+    dfree(dl); dfree(db); dfree(ds); dfree(dw); dfree(di);
 }
 
 extern "C" void gpuk_silu_mul(float *h1, const float *h2, int n) {
@@ -1340,7 +1340,7 @@ extern "C" void gpuk_silu_mul(float *h1, const float *h2, int n) {
     float *d1 = (float *)dev_copy(h1, (size_t)n * 4), *d2 = (float *)dev_copy(h2, (size_t)n * 4);
     LAUNCH(k_silu_mul, dim3(blocks_for((size_t)n)), dim3(BLOCK), 0, 0, d1, (const float *)d2, (size_t)n);
     host_copy(h1, d1, (size_t)n * 4);
-    hipFree(d1); hipFree(d2);
+    dfree(d1); dfree(d2);
 }
 
 extern "C" int gpuk_sample(const float *logits, int V, float temperature, float top_p, float u) {
@@ -1351,7 +1351,7 @@ extern "C" int gpuk_sample(const float *logits, int V, float temperature, float 
     int *dc = (int *)dev_copy(NULL, (size_t)P * 4), *dout = (int *)dev_copy(NULL, 4), tok;
     LAUNCH(k_sample, dim3(1), dim3(BLOCK), 0, 0, (const float *)dl, V, temperature, top_p, u, dp, dc, P, dout);
     host_copy(&tok, dout, 4);
-    hipFree(dl); hipFree(dp); hipFree(dc); hipFree(dout);
+    dfree(dl); dfree(dp); dfree(dc); dfree(dout);
     return tok;
 }
 
@@ -1398,8 +1398,9 @@ extern "C" double gpuk_time_gemv(const Mat *W, int iters) {
     float ms;
     CHECK(hipEventElapsedTime(&ms, e0, e1));
     CHECK(hipGetLastError());
-    dev_mat_free(&d); hipFree(dx); hipFree(dy);
-    hipEventDestroy(e0); hipEventDestroy(e1);
+    dev_mat_free(&d); dfree(dx); dfree(dy);
+    CHECK(hipEventDestroy(e0));
+    CHECK(hipEventDestroy(e1));
     return ms / 1e3 / iters;
 }
 
@@ -1420,7 +1421,8 @@ extern "C" double gpuk_copy_bandwidth(size_t bytes, int iters) {
     CHECK(hipEventSynchronize(e1));
     float ms;
     CHECK(hipEventElapsedTime(&ms, e0, e1));
-    hipFree(a); hipFree(b);
-    hipEventDestroy(e0); hipEventDestroy(e1);
+    dfree(a); dfree(b);
+    CHECK(hipEventDestroy(e0));
+    CHECK(hipEventDestroy(e1));
     return 2.0 * (double)bytes * iters / (ms / 1e3);
 }

@@ -121,31 +121,44 @@ inline thread_local uint64_t emu_slot[1024]; /* shuffle exchange, one slot per t
 static const size_t EMU_STACK = 256 * 1024;
 
 #ifndef EMU_USE_UCONTEXT
-/* emu_ctx_switch(&save, to): push the callee-saved registers and the SSE/x87 control
- * words, store the stack pointer in *save, load `to`, pop the same set, return into
- * the other context. */
+/* emu_ctx_switch(&save, to): push the callee-saved registers, store the stack pointer
+ * in *save, load `to`, pop the same set, return into the other context. The SSE and
+ * x87 control words are left alone: no kernel changes the rounding mode, and saving
+ * them made a switch several times slower. */
 extern "C" void emu_ctx_switch(void **save, void *to);
 asm(".text\n"
     ".globl emu_ctx_switch\n"
     ".type emu_ctx_switch,@function\n"
     "emu_ctx_switch:\n"
     "  pushq %rbp\n  pushq %rbx\n  pushq %r12\n  pushq %r13\n  pushq %r14\n  pushq %r15\n"
-    "  subq $8, %rsp\n  stmxcsr (%rsp)\n  fnstcw 4(%rsp)\n"
     "  movq %rsp, (%rdi)\n  movq %rsi, %rsp\n"
-    "  ldmxcsr (%rsp)\n  fldcw 4(%rsp)\n  addq $8, %rsp\n"
     "  popq %r15\n  popq %r14\n  popq %r13\n  popq %r12\n  popq %rbx\n  popq %rbp\n"
     "  ret\n"
     ".size emu_ctx_switch, .-emu_ctx_switch\n");
 #endif
 
+/* Leaves fiber `me` (already marked waiting or done) for the next runnable fiber of
+ * the block, or for the scheduler when none is left in this round. Going straight
+ * from fiber to fiber halves the switches of a barrier. */
+static inline void emu_leave(EmuFiber *me) {
+    EmuWorker *w = emu_worker;
+#ifdef EMU_USE_UCONTEXT
+    swapcontext(&me->uc, &w->sched_uc);
+#else
+    for (int i = me->lin + 1; i < w->n; i++)
+        if (w->fibers[i].state == EMU_RUN) {
+            emu_cur = &w->fibers[i];
+            emu_ctx_switch(&me->sp, w->fibers[i].sp);
+            return;
+        }
+    emu_ctx_switch(&me->sp, w->sched_sp);
+#endif
+}
+
 [[noreturn]] static void emu_fiber_main() {
     (*emu_worker->body)();
     emu_cur->state = EMU_DONE;
-#ifdef EMU_USE_UCONTEXT
-    setcontext(&emu_worker->sched_uc);
-#else
-    emu_ctx_switch(&emu_cur->sp, emu_worker->sched_sp);
-#endif
+    emu_leave(emu_cur);
     emu_die("finished fiber resumed");
 }
 
@@ -157,14 +170,13 @@ static void emu_fiber_start(EmuFiber *f) {
     f->uc.uc_link = nullptr;
     makecontext(&f->uc, (void (*)())emu_fiber_main, 0);
 #else
-    /* a frame that emu_ctx_switch pops: control words, six registers, the return
-     * address; the slot above it is where a caller's return address would be, so
-     * the entry sees the stack alignment of a normal call */
+    /* a frame that emu_ctx_switch pops: six registers, then the return address; the
+     * slot above it is where a caller's return address would be, so the entry sees
+     * the stack alignment of a normal call */
     uint64_t *top = (uint64_t *)(f->stack + EMU_STACK);
-    uint64_t *sp = top - 9; /* after the ret, rsp = top - 8: 8 mod 16, as after a call */
-    sp[0] = 0x037F00001F80ull; /* mxcsr 0x1F80 (low word), x87 control 0x037F */
-    for (int i = 1; i <= 6; i++) sp[i] = 0;
-    sp[7] = (uint64_t)(uintptr_t)&emu_fiber_main;
+    uint64_t *sp = top - 8; /* after the ret, rsp = top - 8: 8 mod 16, as after a call */
+    for (int i = 0; i < 6; i++) sp[i] = 0;
+    sp[6] = (uint64_t)(uintptr_t)&emu_fiber_main;
     f->sp = sp;
 #endif
 }
@@ -173,11 +185,7 @@ static void emu_fiber_start(EmuFiber *f) {
 static inline void emu_wait(int state) {
     EmuFiber *me = emu_cur;
     me->state = state;
-#ifdef EMU_USE_UCONTEXT
-    swapcontext(&me->uc, &emu_worker->sched_uc);
-#else
-    emu_ctx_switch(&me->sp, emu_worker->sched_sp);
-#endif
+    emu_leave(me);
 }
 
 inline void __syncthreads() { emu_wait(EMU_AT_BLOCK); }
@@ -220,19 +228,25 @@ static void emu_run_block(EmuWorker *w, int n) {
         f->state = EMU_RUN;
         emu_fiber_start(f);
     }
-    int done = 0;
     for (;;) {
+        /* one round: every runnable fiber runs until it waits or ends */
+#ifdef EMU_USE_UCONTEXT
         for (int i = 0; i < n; i++) {
             EmuFiber *f = &w->fibers[i];
             if (f->state != EMU_RUN) continue;
             emu_cur = f;
-#ifdef EMU_USE_UCONTEXT
             swapcontext(&w->sched_uc, &f->uc);
-#else
-            emu_ctx_switch(&w->sched_sp, f->sp);
-#endif
-            if (f->state == EMU_DONE) done++;
         }
+#else
+        for (int i = 0; i < n; i++) /* the first runnable fiber; the rest follow in a chain */
+            if (w->fibers[i].state == EMU_RUN) {
+                emu_cur = &w->fibers[i];
+                emu_ctx_switch(&w->sched_sp, w->fibers[i].sp);
+                break;
+            }
+#endif
+        int done = 0;
+        for (int i = 0; i < n; i++) done += w->fibers[i].state == EMU_DONE;
         if (done == n) return;
         int released = 0, at_block = 0, live = n - done;
         for (int w0 = 0; w0 < n; w0 += WAVE) {

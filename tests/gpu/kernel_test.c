@@ -1,0 +1,387 @@
+/* tests/gpu/kernel_test.c - every kernel of glm_hip.hip against glm.c's own op.
+ *
+ *   build/gpu_ktest64 [MODEL_DIR ...]   (also gpu_ktest32, gpu_ktest_hip, gpu_ktest_cuda)
+ *
+ * glm.c is included whole (its main renamed), so the CPU side of each check is the
+ * very function forward() uses, not a copy: matmul_rows, rmsnorm, layernorm, rope,
+ * topk_select, moe_route, sample, attention, swiglu, moe. The GPU side goes through
+ * the gpuk_* entry points at the end of glm_hip.hip. Under the emulation (make emu)
+ * this runs on the CPU; linked against the HIP or CUDA build it runs on the GPU.
+ *
+ * Inputs are random (fixed seeds). Matrices are built in memory in every format,
+ * with shapes that hit the vector and the element-by-element paths, row offsets, and
+ * token counts for the matrix-vector (1, 3, 8) and the tiled kernels (9, 40). The
+ * blocks of the forward pass (attention, MLP/MoE) run on each model given, layer by
+ * layer, through a prefill chunk and then decode steps, so the indexer's top-k, the
+ * shared-selection layers and the KV cache are exercised as forward() does.
+ *
+ * Prints "PASS name" / "FAIL name: why" per check, then "N passed, N failed".
+ * GPU_KTEST_TOL scales every tolerance (a real GPU fuses multiply-adds).
+ */
+#define main glm_cli_main
+#include "../../glm.c"
+#undef main
+
+void gpuk_matmul_rows(float *y, const float *x, const Mat *W, int r0, int nr, int n);
+void gpuk_embed(float *y, const Mat *E, const int *tokens, int n);
+void gpuk_rmsnorm(float *y, const float *x, const float *w, int dim, int n, float eps);
+void gpuk_layernorm_rope(float *y, const float *x, const float *w, const float *b, int dim, int rope_dims, int pos, const float *table);
+void gpuk_rope(float *v, int nvec, int stride, int off, int dims, int pos, const float *table);
+void gpuk_topk(int *sel, const float *score, int n, int k);
+void gpuk_moe_route(int *idx, float *w, const Config *c, const float *logits, const float *bias, int n);
+void gpuk_silu_mul(float *h1, const float *h2, int n);
+int gpuk_sample(const float *logits, int V, float temperature, float top_p, float u);
+void gpuk_attention(GpuModel *g, int layer, const float *a, int n, int pos0, float *out, int *sel, int *n_sel);
+void gpuk_mlp(GpuModel *g, int layer, const float *a, int n, float *out);
+
+static int n_pass, n_fail;
+static double g_tol = 1.0;
+
+static void report(int ok, const char *name, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void report(int ok, const char *name, const char *fmt, ...) {
+    if (ok) { printf("PASS %s\n", name); n_pass++; return; }
+    char why[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, sizeof why, fmt, ap);
+    va_end(ap);
+    printf("FAIL %s: %s\n", name, why);
+    n_fail++;
+}
+
+static uint64_t g_rng = 0x9E3779B97F4A7C15ull;
+static uint32_t rnd32(void) { g_rng ^= g_rng >> 12; g_rng ^= g_rng << 25; g_rng ^= g_rng >> 27; return (uint32_t)((g_rng * 0x2545F4914F6CDD1Dull) >> 32); }
+static float rndu(void) { return (float)(rnd32() >> 8) / 16777216.0f; }              /* [0, 1) */
+static float rndn(void) { float s = 0; for (int i = 0; i < 4; i++) s += rndu(); return (s - 2.0f) * 1.7f; } /* ~N(0, 1) */
+static void fill_n(float *x, size_t n, float scale) { for (size_t i = 0; i < n; i++) x[i] = rndn() * scale; }
+
+/* worst relative L2 error over rows of `cols` */
+static double rel_rows(const float *ref, const float *got, int rows, int cols) {
+    double worst = 0;
+    for (int r = 0; r < rows; r++) {
+        double d = 0, n = 0;
+        for (int i = 0; i < cols; i++) {
+            double a = ref[(size_t)r * cols + i], b = got[(size_t)r * cols + i];
+            if (b != b) return INFINITY;
+            d += (a - b) * (a - b);
+            n += a * a;
+        }
+        double e = n > 0 ? sqrt(d / n) : sqrt(d);
+        if (e > worst) worst = e;
+    }
+    return worst;
+}
+
+/* A random matrix in memory, in one of the file formats. */
+typedef struct { Mat W; void *w, *s; } TMat;
+
+static TMat make_mat(WeightFormat fmt, int rows, int cols) {
+    TMat t;
+    memset(&t, 0, sizeof t);
+    t.W.fmt = fmt; t.W.rows = rows; t.W.cols = cols;
+    size_t rc = (size_t)rows * cols;
+    switch (fmt) {
+    case WF_F32: { float *w = xmalloc(rc * 4); fill_n(w, rc, 0.1f); t.w = w; break; }
+    case WF_BF16: { uint16_t *w = xmalloc(rc * 2); for (size_t i = 0; i < rc; i++) w[i] = f32_to_bf16(rndn() * 0.1f); t.w = w; break; }
+    case WF_FP8: {
+        uint8_t *w = xmalloc(rc);
+        for (size_t i = 0; i < rc; i++) { uint8_t b = (uint8_t)rnd32(); if ((b & 0x7f) == 0x7f) b ^= 1; w[i] = b; } /* no NaN codes */
+        int br = (rows + 127) / 128, bc = (cols + 127) / 128;
+        float *s = xmalloc((size_t)br * bc * 4);
+        for (int i = 0; i < br * bc; i++) s[i] = 0.001f * (1 + (int)(rnd32() % 8));
+        t.w = w; t.s = s; t.W.fp8_scale = s;
+        break;
+    }
+    case WF_MXFP4: {
+        uint8_t *w = xmalloc(rc / 2), *s = xmalloc(rc / 32);
+        for (size_t i = 0; i < rc / 2; i++) w[i] = (uint8_t)rnd32();
+        for (size_t i = 0; i < rc / 32; i++) s[i] = (uint8_t)(120 + rnd32() % 8);
+        t.w = w; t.s = s; t.W.mx_scale = s;
+        break;
+    }
+    }
+    t.W.w = t.w;
+    t.W.bytes = fmt == WF_MXFP4 ? rc / 2 + rc / 32 : fmt == WF_FP8 ? rc : fmt == WF_BF16 ? rc * 2 : rc * 4;
+    return t;
+}
+static void free_mat(TMat *t) { free(t->w); free(t->s); }
+
+static const char *fmt_name[] = {"f32", "bf16", "fp8", "mxfp4"};
+
+/* matmul: matrix-vector (n <= 8) and tiled (n > 8) kernels, every format, full
+ * matrices and row ranges (the un-absorb reads rows of kv_b from an offset). */
+static void test_matmul(void) {
+    const int shapes[][2] = {{100, 160}, {37, 200}, {130, 96}, {64, 256}};
+    const int ns[] = {1, 3, 8, 9, 40};
+    for (int f = 0; f < 4; f++)
+        for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+            int rows = shapes[si][0], cols = shapes[si][1];
+            if (f == WF_MXFP4 && cols % 32) continue;
+            TMat t = make_mat((WeightFormat)f, rows, cols);
+            for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++) {
+                int n = ns[ni], r0 = si == 1 ? 5 : 0, nr = rows - r0 - (si == 1 ? 3 : 0);
+                float *x = xmalloc((size_t)n * cols * 4), *ref = xmalloc((size_t)n * nr * 4), *got = xmalloc((size_t)n * nr * 4);
+                fill_n(x, (size_t)n * cols, 1.0f);
+                matmul_rows(ref, nr, x, cols, &t.W, r0, nr, n);
+                gpuk_matmul_rows(got, x, &t.W, r0, nr, n);
+                double e = rel_rows(ref, got, n, nr);
+                char name[96];
+                snprintf(name, sizeof name, "matmul %s %dx%d rows %d+%d n=%d", fmt_name[f], rows, cols, r0, nr, n);
+                report(e <= 2e-6 * g_tol, name, "rel L2 %.3g", e);
+                free(x); free(ref); free(got);
+            }
+            free_mat(&t);
+        }
+}
+
+static void test_embed(void) {
+    for (int f = 1; f < 4; f++) {
+        TMat t = make_mat((WeightFormat)f, 50, 64);
+        int tok[5] = {0, 49, 7, 7, 23};
+        float ref[5 * 64], got[5 * 64];
+        for (int i = 0; i < 5; i++) mat_dequant_row(&t.W, tok[i], ref + i * 64);
+        gpuk_embed(got, &t.W, tok, 5);
+        char name[64];
+        snprintf(name, sizeof name, "embed %s", fmt_name[f]);
+        report(!memcmp(ref, got, sizeof ref), name, "rows differ from mat_dequant_row");
+        free_mat(&t);
+    }
+}
+
+static void test_norms_rope(void) {
+    const int dims[] = {64, 96, 160, 1000};
+    for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++) {
+        int d = dims[i], n = 3;
+        float *x = xmalloc((size_t)n * d * 4), *w = xmalloc((size_t)d * 4), *ref = xmalloc((size_t)n * d * 4), *got = xmalloc((size_t)n * d * 4);
+        fill_n(x, (size_t)n * d, 3.0f);
+        fill_n(w, d, 1.0f);
+        for (int t = 0; t < n; t++) rmsnorm(ref + (size_t)t * d, x + (size_t)t * d, w, d, 1e-6f);
+        gpuk_rmsnorm(got, x, w, d, n, 1e-6f);
+        char name[64];
+        snprintf(name, sizeof name, "rmsnorm dim %d", d);
+        double e = rel_rows(ref, got, n, d);
+        report(e <= 1e-6 * g_tol, name, "rel L2 %.3g", e);
+        free(x); free(w); free(ref); free(got);
+    }
+    /* the indexer key: LayerNorm with bias then RoPE of the first dims, at a far position */
+    const double theta = 5000.0;
+    for (int pos = 0; pos < 3000; pos += 1499) {
+        int d = 128, dr = 64;
+        float x[128], w[128], b[128], ref[128], got[128], *table = xmalloc((size_t)(pos + 1) * dr * 4);
+        fill_n(x, d, 2.0f); fill_n(w, d, 1.0f); fill_n(b, d, 0.5f);
+        Config c;
+        memset(&c, 0, sizeof c);
+        c.qk_rope = dr; c.rope_theta = theta;
+        for (int p = 0; p <= pos; p++)
+            for (int i = 0; i < dr / 2; i++) {
+                double ang = (double)p * pow(theta, -2.0 * i / dr);
+                table[(size_t)p * dr + 2 * i] = (float)cos(ang);
+                table[(size_t)p * dr + 2 * i + 1] = (float)sin(ang);
+            }
+        layernorm(ref, x, w, b, d, 1e-6f);
+        rope(ref, dr, pos, theta);
+        gpuk_layernorm_rope(got, x, w, b, d, dr, pos, table);
+        char name[64];
+        snprintf(name, sizeof name, "layernorm + rope pos %d", pos);
+        double e = rel_rows(ref, got, 1, d);
+        report(e <= 1e-6 * g_tol, name, "rel L2 %.3g", e);
+        /* q heads: rope on the last dr of each (nope + rope) head */
+        int nh = 5, qd = 48, off = 32, qdr = 16;
+        float q[5 * 48], qr[5 * 48];
+        fill_n(q, (size_t)nh * qd, 1.0f);
+        memcpy(qr, q, sizeof q);
+        for (int h = 0; h < nh; h++) rope(qr + h * qd + off, qdr, pos, theta);
+        for (int p = 0; p <= pos; p++)
+            for (int i = 0; i < qdr / 2; i++) {
+                double ang = (double)p * pow(theta, -2.0 * i / qdr);
+                table[(size_t)p * qdr + 2 * i] = (float)cos(ang);
+                table[(size_t)p * qdr + 2 * i + 1] = (float)sin(ang);
+            }
+        gpuk_rope(q, nh, qd, off, qdr, pos, table);
+        snprintf(name, sizeof name, "rope q heads pos %d", pos);
+        e = rel_rows(qr, q, nh, qd);
+        report(e <= 1e-6 * g_tol, name, "rel L2 %.3g", e);
+        free(table);
+    }
+}
+
+static int cmp_int(const void *a, const void *b) { return *(const int *)a - *(const int *)b; }
+
+/* top-k: the kept set must equal topk_select's exactly, ties (many zeros, -0 and +0,
+ * repeated values) included. */
+static void test_topk(void) {
+    const int cases[][2] = {{20, 8}, {300, 8}, {1000, 64}, {5000, 2048}, {700, 699}};
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++)
+        for (int kind = 0; kind < 3; kind++) {
+            int n = cases[ci][0], k = cases[ci][1];
+            float *s = xmalloc((size_t)n * 4);
+            for (int i = 0; i < n; i++) {
+                float v = rndn();
+                if (kind == 1) v = (float)((int)(v * 3)) / 3.0f;          /* few distinct values */
+                if (kind == 2) v = rnd32() % 3 == 0 ? v : (rnd32() & 1 ? 0.0f : -0.0f); /* ReLU zeros */
+                s[i] = v;
+            }
+            int *ref = xmalloc((size_t)k * 4), *got = xmalloc((size_t)k * 4);
+            topk_select(s, n, k, ref);
+            gpuk_topk(got, s, n, k);
+            qsort(ref, (size_t)k, sizeof(int), cmp_int);
+            int sorted_ok = 1;
+            for (int i = 1; i < k; i++) sorted_ok &= got[i - 1] < got[i];
+            qsort(got, (size_t)k, sizeof(int), cmp_int);
+            char name[64];
+            snprintf(name, sizeof name, "topk n=%d k=%d %s", n, k, kind == 0 ? "distinct" : kind == 1 ? "ties" : "zeros");
+            report(sorted_ok && !memcmp(ref, got, (size_t)k * 4), name, sorted_ok ? "kept set differs from topk_select" : "not in index order");
+            free(s); free(ref); free(got);
+        }
+}
+
+static void test_moe_route(void) {
+    const int cfgs[][4] = {{8, 2, 1, 1}, {16, 3, 4, 2}, {256, 8, 8, 4}, {64, 6, 1, 1}}; /* E, A, groups, topk_group */
+    for (size_t ci = 0; ci < sizeof cfgs / sizeof cfgs[0]; ci++)
+        for (int norm = 0; norm < 2; norm++) {
+            Config c;
+            memset(&c, 0, sizeof c);
+            c.n_experts = cfgs[ci][0]; c.n_active = cfgs[ci][1]; c.n_group = cfgs[ci][2]; c.topk_group = cfgs[ci][3];
+            c.norm_topk_prob = norm; c.routed_scale = 2.5f;
+            int n = 7, E = c.n_experts, A = c.n_active, ok = 1;
+            float *lg = xmalloc((size_t)n * E * 4), *bias = xmalloc((size_t)E * 4), *w = xmalloc((size_t)n * A * 4), rw[64];
+            int *idx = xmalloc((size_t)n * A * 4), ri[64];
+            fill_n(lg, (size_t)n * E, 2.0f);
+            fill_n(bias, E, 0.1f);
+            for (int i = 0; i < E; i += 5) lg[i] = lg[0]; /* ties among scores */
+            gpuk_moe_route(idx, w, &c, lg, bias, n);
+            double werr = 0;
+            for (int t = 0; t < n && ok; t++) {
+                moe_route(&c, lg + (size_t)t * E, bias, ri, rw);
+                for (int a = 0; a < A; a++) { /* same set; weights matched by expert */
+                    int found = -1;
+                    for (int b = 0; b < A; b++) if (idx[t * A + b] == ri[a]) found = b;
+                    if (found < 0) { ok = 0; break; }
+                    double e = fabs(w[t * A + found] - rw[a]) / fabs(rw[a]);
+                    if (e > werr) werr = e;
+                }
+                for (int a = 1; a < A; a++) ok &= idx[t * A + a - 1] < idx[t * A + a];
+            }
+            char name[64];
+            snprintf(name, sizeof name, "moe_route E=%d A=%d groups %d/%d norm %d", E, A, c.topk_group, c.n_group, norm);
+            if (!ok) report(0, name, "chosen experts differ from moe_route (or are not sorted)");
+            else report(werr <= 1e-6 * g_tol, name, "weights rel err %.3g", werr);
+            free(lg); free(bias); free(w); free(idx);
+        }
+}
+
+static void test_silu_mul(void) {
+    int n = 1000;
+    float *a = xmalloc((size_t)n * 4), *b = xmalloc((size_t)n * 4), *ref = xmalloc((size_t)n * 4);
+    fill_n(a, n, 4.0f); fill_n(b, n, 1.0f);
+    for (int i = 0; i < n; i++) ref[i] = silu(a[i]) * b[i];
+    gpuk_silu_mul(a, b, n);
+    double e = rel_rows(ref, a, 1, n);
+    report(e <= 1e-6 * g_tol, "silu_mul", "rel L2 %.3g", e);
+    free(a); free(b); free(ref);
+}
+
+/* sampling: greedy, temperature, top-p, against sample() with the same draw u */
+static void test_sample(void) {
+    const int Vs[] = {512, 1000};
+    const float temps[] = {0.0f, 0.7f, 1.0f}, tops[] = {1.0f, 0.9f, 0.5f};
+    for (size_t vi = 0; vi < 2; vi++) {
+        int V = Vs[vi], bad = 0, total = 0;
+        float *lg = xmalloc((size_t)V * 4), *tmp = xmalloc((size_t)V * 4);
+        int *order = xmalloc((size_t)V * 4);
+        for (int trial = 0; trial < 6; trial++) {
+            fill_n(lg, V, trial < 3 ? 2.0f : 6.0f);
+            lg[rnd32() % V] = lg[rnd32() % V]; /* a tie */
+            for (size_t ti = 0; ti < 3; ti++)
+                for (size_t pi = 0; pi < 3; pi++) {
+                    Sampler sp = {temps[ti], tops[pi], 0x1234567ull + (uint64_t)trial * 77 + ti * 7 + pi, order};
+                    Sampler probe = sp;
+                    float u = temps[ti] > 0 ? random_f32(&probe) : 0.0f;
+                    memcpy(tmp, lg, (size_t)V * 4);
+                    int ref = sample(&sp, tmp, V), got = gpuk_sample(lg, V, temps[ti], tops[pi], u);
+                    bad += ref != got;
+                    total++;
+                }
+        }
+        char name[64];
+        snprintf(name, sizeof name, "sample V=%d greedy/temperature/top-p", V);
+        report(!bad, name, "%d of %d draws differ from sample()", bad, total);
+        free(lg); free(tmp); free(order);
+    }
+}
+
+/* The blocks of forward() on a real (tiny) checkpoint: each layer's attention and
+ * MLP, fed the same random normalised input, through a prefill chunk of 12 tokens,
+ * four decode steps and a chunk of 3. */
+static void test_blocks(const char *dir) {
+    Model m;
+    model_load(&m, dir);
+    const Config *c = &m.cfg;
+    const int ctx = 64, H = c->hidden, K = c->index_topk;
+    scratch_init(max_cols(c));
+    KVCache kv;
+    kvcache_init(&kv, &m, ctx);
+    RunState s;
+    runstate_init(&s, c, 64, ctx);
+    GpuModel *g = gpu_load(&m, 1, ctx);
+    const int steps[] = {12, 1, 1, 1, 1, 3};
+    float *a = xmalloc((size_t)64 * H * 4), *out = xmalloc((size_t)64 * H * 4);
+    int *sel = xmalloc((size_t)64 * K * 4), *nsel = xmalloc(64 * 4);
+    double att_worst = 0, mlp_worst = 0;
+    int sel_bad = 0, pos0 = 0;
+    for (size_t si = 0; si < sizeof steps / sizeof steps[0]; si++) {
+        int n = steps[si];
+        for (int l = 0; l < c->n_layers; l++) {
+            const Layer *L = &m.layers[l];
+            fill_n(a, (size_t)n * H, 1.0f);
+            memcpy(s.a, a, (size_t)n * H * 4);
+            attention(&m, L, &kv, &s, l, n, pos0);
+            gpuk_attention(g, l, a, n, pos0, out, sel, nsel);
+            double e = rel_rows(s.out, out, n, H);
+            if (e > att_worst) att_worst = e;
+            for (int t = 0; t < n; t++) {
+                if (nsel[t] != s.n_sel[t]) { sel_bad++; continue; }
+                int ref[4096];
+                memcpy(ref, s.sel + (size_t)t * K, (size_t)nsel[t] * 4);
+                qsort(ref, (size_t)nsel[t], sizeof(int), cmp_int);
+                qsort(sel + (size_t)t * K, (size_t)nsel[t], sizeof(int), cmp_int);
+                sel_bad += memcmp(ref, sel + (size_t)t * K, (size_t)nsel[t] * 4) != 0;
+            }
+            fill_n(a, (size_t)n * H, 1.0f);
+            memcpy(s.a, a, (size_t)n * H * 4);
+            if (c->dense[l]) swiglu(s.out, s.a, &L->gate, &L->up, &L->down, &s, n);
+            else moe(&m, L, &s, s.a, s.out, n);
+            gpuk_mlp(g, l, a, n, out);
+            e = rel_rows(s.out, out, n, H);
+            if (e > mlp_worst) mlp_worst = e;
+        }
+        pos0 += n;
+    }
+    char name[300];
+    snprintf(name, sizeof name, "attention (all layers, prefill + decode) %s", dir);
+    report(att_worst <= 1e-5 * g_tol && !sel_bad, name, "rel L2 %.3g, %d token selections differ", att_worst, sel_bad);
+    snprintf(name, sizeof name, "mlp / moe (all layers, prefill + decode) %s", dir);
+    report(mlp_worst <= 1e-5 * g_tol, name, "rel L2 %.3g", mlp_worst);
+    gpu_free(g);
+    free(a); free(out); free(sel); free(nsel);
+    runstate_free(&s);
+    kvcache_free(&kv);
+    model_free(&m);
+}
+
+int main(int argc, char **argv) {
+    number_tables_init();
+    kernels_init(getenv("GLM_KERNELS"));
+    if (getenv("GPU_KTEST_TOL")) g_tol = atof(getenv("GPU_KTEST_TOL"));
+    scratch_init(2048);
+    test_matmul();
+    test_embed();
+    test_norms_rope();
+    test_topk();
+    test_moe_route();
+    test_silu_mul();
+    test_sample();
+    for (int i = 1; i < argc; i++) test_blocks(argv[i]);
+    printf("%d passed, %d failed\n", n_pass, n_fail);
+    return n_fail != 0;
+}

@@ -32,6 +32,7 @@ test-asan: glm_asan
 #   make hip   hipcc for AMD; GPU_ARCH=gfx942,gfx950 (MI300X, MI355X) or e.g. gfx90a
 #   make cuda  nvcc for NVIDIA; CUDA_ARCH=sm_90 (H100/H200)
 #   make emu   ./glm_emu: the kernels as C++ on the CPU under tests/hip_emu.h, WARP=64 or 32
+# build/gpu_ktest{64,32,_hip,_cuda}: the kernel tests (tests/gpu/kernel_test.c) per build.
 GPU_ARCH  ?= gfx942,gfx950
 CUDA_ARCH ?= sm_90
 HIPCC     ?= hipcc
@@ -41,30 +42,45 @@ WARP      ?= 64
 HIPFLAGS  ?= -O3
 NVFLAGS   ?= -O3
 comma     := ,
-GPU_DEPS   = $(SRC) $(HDR) glm_hip.hip
-# the C files with -DGLM_GPU into build/$(1)/
-define gpu_cobjs
-	@mkdir -p build/$(1)
-	for f in $(SRC); do $(CC) $(WARN) $(CFLAGS) $(OMP) -DGLM_GPU -c $$f -o build/$(1)/$${f%.c}.o || exit 1; done
-endef
+HIP_ARCHS  = $(foreach a,$(subst $(comma), ,$(GPU_ARCH)),--offload-arch=$(a))
+GPU_COBJ   = $(SRC:%.c=build/gpu/%.o)
+KTEST_COBJ = $(filter-out build/gpu/glm.o,$(GPU_COBJ)) build/gpu/kernel_test.o
+
+build/gpu/%.o: %.c
+	@mkdir -p build/gpu
+	$(CC) $(WARN) $(CFLAGS) $(OMP) -DGLM_GPU -MMD -MP -c $< -o $@
+build/gpu/kernel_test.o: tests/gpu/kernel_test.c
+	@mkdir -p build/gpu
+	$(CC) $(WARN) $(CFLAGS) $(OMP) -I. -MMD -MP -c $< -o $@
+-include $(wildcard build/gpu/*.d)
+
+build/hip/glm_hip.o: glm_hip.hip glm.h
+	@mkdir -p build/hip
+	$(HIPCC) -std=c++17 $(HIPFLAGS) $(HIP_ARCHS) -Wall -Wextra -x hip -c glm_hip.hip -o $@
+build/cuda/glm_hip.o: glm_hip.hip glm.h
+	@mkdir -p build/cuda
+	$(NVCC) -std=c++17 $(NVFLAGS) -arch=$(CUDA_ARCH) -x cu -c glm_hip.hip -o $@
+build/emu%/glm_hip.o: glm_hip.hip glm.h tests/hip_emu.h
+	@mkdir -p build/emu$*
+	$(CXX) -std=c++17 -O2 -g -Wall -Wextra -DGLM_EMU -DWARP=$* -pthread -x c++ -c glm_hip.hip -o $@
 
 hip: glm_hip
-glm_hip: $(GPU_DEPS)
-	$(call gpu_cobjs,hip)
-	$(HIPCC) -std=c++17 $(HIPFLAGS) $(foreach a,$(subst $(comma), ,$(GPU_ARCH)),--offload-arch=$(a)) -Wall -Wextra -x hip -c glm_hip.hip -o build/hip/glm_hip.o
-	$(HIPCC) $(foreach a,$(subst $(comma), ,$(GPU_ARCH)),--offload-arch=$(a)) -o $@ $(SRC:%.c=build/hip/%.o) build/hip/glm_hip.o -lgomp -lm
+glm_hip: $(GPU_COBJ) build/hip/glm_hip.o
+	$(HIPCC) $(HIP_ARCHS) -o $@ $^ -lgomp -lm
+build/gpu_ktest_hip: $(KTEST_COBJ) build/hip/glm_hip.o
+	$(HIPCC) $(HIP_ARCHS) -o $@ $^ -lgomp -lm
 
 cuda: glm_cuda
-glm_cuda: $(GPU_DEPS)
-	$(call gpu_cobjs,cuda)
-	$(NVCC) -std=c++17 $(NVFLAGS) -arch=$(CUDA_ARCH) -x cu -c glm_hip.hip -o build/cuda/glm_hip.o
-	$(NVCC) -arch=$(CUDA_ARCH) -o $@ $(SRC:%.c=build/cuda/%.o) build/cuda/glm_hip.o -lgomp -lm
+glm_cuda: $(GPU_COBJ) build/cuda/glm_hip.o
+	$(NVCC) -arch=$(CUDA_ARCH) -o $@ $^ -lgomp -lm
+build/gpu_ktest_cuda: $(KTEST_COBJ) build/cuda/glm_hip.o
+	$(NVCC) -arch=$(CUDA_ARCH) -o $@ $^ -lgomp -lm
 
 # glm_emu64 / glm_emu32 are the two wave widths; make emu copies the WARP one to ./glm_emu
-glm_emu64 glm_emu32: glm_emu%: $(GPU_DEPS) tests/hip_emu.h
-	$(call gpu_cobjs,emu$*)
-	$(CXX) -std=c++17 -O2 -g -Wall -Wextra -DGLM_EMU -DWARP=$* -pthread -x c++ -c glm_hip.hip -o build/emu$*/glm_hip.o
-	$(CXX) -pthread $(OMP) -o $@ $(SRC:%.c=build/emu$*/%.o) build/emu$*/glm_hip.o -lm
+glm_emu64 glm_emu32: glm_emu%: $(GPU_COBJ) build/emu%/glm_hip.o
+	$(CXX) -pthread $(OMP) -o $@ $^ -lm
+build/gpu_ktest64 build/gpu_ktest32: build/gpu_ktest%: $(KTEST_COBJ) build/emu%/glm_hip.o
+	$(CXX) -pthread $(OMP) -o $@ $^ -lm
 emu: glm_emu$(WARP)
 	cp glm_emu$(WARP) glm_emu
 
@@ -98,7 +114,7 @@ fuzz/bin/fuzz_encode: fuzz/fuzz_encode.c tokenizer.c json.c tokenizer.h tokenize
 
 clean:
 	rm -f glm glm_asan glm_hip glm_cuda glm_emu glm_emu32 glm_emu64
-	rm -rf build/hip build/cuda build/emu32 build/emu64
+	rm -rf build/gpu build/hip build/cuda build/emu32 build/emu64 build/gpu_ktest*
 	rm -rf fuzz/bin
 
 # The benchmark of issue 6: a 2-layer checkpoint with GLM-5.2's widths (layer 0 dense,

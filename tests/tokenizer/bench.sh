@@ -31,6 +31,6 @@ for input in corpus prose; do
       console.log(`  Rust encode per string       ${mb(C.bytes, R.seq.s)} MB/s   ratio C/Rust ${(R.seq.s / C.s).toFixed(1)}x`);
       console.log(`  Rust encodeBatch, 1 thread   ${mb(C.bytes, R1.batch.s)} MB/s   ratio C/Rust ${(R1.batch.s / C.s).toFixed(1)}x`);
       console.log(`  Rust encodeBatch, threads    ${mb(C.bytes, R.batch.s)} MB/s   ratio C/Rust ${(R.batch.s / C.s).toFixed(1)}x`);
-      console.log(`  load: C best ${C.load_best_s.toFixed(3)} s (mean of 5: ${C.load_mean_s.toFixed(3)} s), Rust ${R.load_s.toFixed(3)} s`);
+      console.log(`  load: C best ${C.load_best_s.toFixed(3)} s wall, ${C.load_cpu_best_s.toFixed(3)} s CPU (mean of 5: ${C.load_mean_s.toFixed(3)} s wall), Rust ${R.load_s.toFixed(3)} s wall`);
     ' "$input" "$c" "$r" "$r1"
 done

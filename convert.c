@@ -158,12 +158,13 @@ static int mx_shared_exponent(float amax) {
  * picks the even neighbour: 0.25->0, 0.75->1, 1.25->1, 1.75->2, 2.5->2, 3.5->4, 5->4.
  * The sign bit is the input's sign bit, as Quark's packer takes bit 31 of the float: a
  * negative value that rounds to zero (and -0.0) becomes code 8, "-0". */
-static inline uint8_t e2m1_code(float q) {
+static inline uint32_t e2m1_code(float q) {
     float a = fabsf(q);
-    int c = (a > 0.25f) + (a >= 0.75f) + (a > 1.25f) + (a >= 1.75f) + (a > 2.5f) + (a >= 3.5f) + (a > 5.0f);
+    uint32_t c = (uint32_t)(a > 0.25f) + (uint32_t)(a >= 0.75f) + (uint32_t)(a > 1.25f) + (uint32_t)(a >= 1.75f) +
+                 (uint32_t)(a > 2.5f) + (uint32_t)(a >= 3.5f) + (uint32_t)(a > 5.0f);
     uint32_t u;
     memcpy(&u, &q, 4);
-    return (uint8_t)(c | (int)((u >> 31) << 3));
+    return c | (u >> 31) << 3;
 }
 
 /* 2^-e as an fp32 number, for e in [-127, 127] (2^-127 is the fp32 subnormal 0x00400000).
@@ -181,7 +182,8 @@ static float pow2_neg(int e) {
  * The loops have a fixed trip count of 32 and no branches, so the compiler vectorizes them;
  * amax is taken on the bit patterns with the sign cleared, which order like the magnitudes
  * and put NaN and infinity (>= 0x7f800000) on top, so one comparison finds both. */
-VECTOR_CLONES static int64_t mxfp4_quantize_row(const float *x, int64_t n, uint8_t *packed, uint8_t *scales) {
+VECTOR_CLONES static int64_t mxfp4_quantize_row(const float *restrict x, int64_t n, uint8_t *restrict packed,
+                                              uint8_t *restrict scales) {
     for (int64_t b = 0; b < n / MX_BLOCK; b++) {
         const float *v = x + b * MX_BLOCK;
         uint32_t top = 0;
@@ -199,7 +201,7 @@ VECTOR_CLONES static int64_t mxfp4_quantize_row(const float *x, int64_t n, uint8
         int e = mx_shared_exponent(amax);
         scales[b] = (uint8_t)(e + 127);
         float inv = pow2_neg(e);
-        uint8_t code[MX_BLOCK];
+        uint32_t code[MX_BLOCK]; /* 32-bit lanes like the floats: narrowed once, when packing */
         for (int i = 0; i < MX_BLOCK; i++) code[i] = e2m1_code(v[i] * inv);
         uint8_t *p = packed + b * (MX_BLOCK / 2);
         for (int i = 0; i < MX_BLOCK / 2; i++) p[i] = (uint8_t)(code[2 * i] | (code[2 * i + 1] << 4));
@@ -555,7 +557,24 @@ typedef struct {                 /* the first failure inside the parallel loop *
     int64_t row, col;
 } Failure;
 
-static float g_fp8[256];         /* E4M3FN byte -> value */
+/* fp8_e4m3_to_f32 without a table lookup or a branch, so that the loop vectorizes, and
+ * without fp32 subnormals (arithmetic on them is slow on x86):
+ *   E > 0  value 2^(E-7) * (1 + M/8): the 7 magnitude bits at bits 26..20 plus 120 in the
+ *          exponent field are that fp32 number exactly;
+ *   E = 0  value M/8 * 2^-6 = M * 2^-9, an exact product;
+ * then the sign bit, and S.1111.111 (NaN): only there does magnitude + 1 carry into bit 7. */
+static inline float fp8_value(uint8_t b) {
+    uint32_t mag = b & 0x7fu, sign = (uint32_t)(b & 0x80u) << 24;
+    float sub = (float)(int)mag * 0x1p-9f;
+    uint32_t s;
+    memcpy(&s, &sub, 4);
+    uint32_t normal = 0u - (uint32_t)(mag >= 8); /* all ones when E > 0: a mask, not a branch */
+    uint32_t u = (((mag << 20) + (120u << 23)) & normal) | (s & ~normal);
+    u |= sign | ((mag + 1) >> 7) * 0x7fc00000u;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
 
 static int read_ok(int fd, void *buf, size_t n, size_t off, Failure *fail) {
     char *p = buf;
@@ -589,7 +608,8 @@ static int write_ok(int fd, const void *buf, size_t n, size_t off, Failure *fail
 
 /* Row r of the input (raw bytes) as fp32: BF16 and F32 exactly, FP8 times its block scale
  * (fp32 multiply, i.e. the exact product rounded once). */
-VECTOR_CLONES static void row_to_f32(const OutTensor *t, const uint8_t *raw, int64_t r, const float *fp8_scale, float *x) {
+VECTOR_CLONES static void row_to_f32(const OutTensor *t, const uint8_t *restrict raw, int64_t r, const float *fp8_scale,
+                                     float *restrict x) {
     int64_t n = t->src->shape[1];
     if (!strcmp(t->src->dtype, "BF16")) {
         /* bf16_to_f32 inline: a BF16 is the top half of an fp32 (an out-of-line call per
@@ -603,9 +623,14 @@ VECTOR_CLONES static void row_to_f32(const OutTensor *t, const uint8_t *raw, int
             }
     } else if (!strcmp(t->src->dtype, "F32")) {
         memcpy(x, raw, (size_t)n * 4);
-    } else { /* F8_E4M3 */
+    } else { /* F8_E4M3 times the scale of its 128x128 block; the last block may be partial */
         const float *s = fp8_scale + (r / 128) * ((n + 127) / 128);
-        for (int64_t j = 0; j < n; j++) x[j] = g_fp8[raw[j]] * s[j / 128];
+        int64_t full = n / 128 * 128;
+        for (int64_t c0 = 0; c0 < full; c0 += 128) {
+            float sc = s[c0 / 128];
+            for (int j = 0; j < 128; j++) x[c0 + j] = fp8_value(raw[c0 + j]) * sc;
+        }
+        for (int64_t j = full; j < n; j++) x[j] = fp8_value(raw[j]) * s[full / 128];
     }
 }
 
@@ -1046,7 +1071,9 @@ int convert_main(int argc, char **argv) {
 #else
     int n_threads = 1;
 #endif
-    for (int i = 0; i < 256; i++) g_fp8[i] = fp8_e4m3_to_f32((uint8_t)i);
+    for (int i = 0; i < 256; i++) /* the vectorizable decoder agrees with glm.c's definition */
+        if (memcmp(&(float){fp8_value((uint8_t)i)}, &(float){fp8_e4m3_to_f32((uint8_t)i)}, 4) && !isnan(fp8_value((uint8_t)i)))
+            glm_fatal("internal error: FP8 decoder disagrees with fp8_e4m3_to_f32 at %#x", i);
 
     /* everything that can be checked is checked before OUT_DIR is touched */
     check_out_dir(in, out);

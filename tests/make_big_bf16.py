@@ -2,7 +2,7 @@
 """Write a multi-GB BF16 checkpoint with GLM-5.2's real expert shapes, quickly, for measuring
 `glm convert` throughput and peak memory by hand (not used by the CI tests except a small one):
 
-    make_big_bf16.py OUT_DIR [--gb 2.5] [--shard-gb 1.0] [--vocab 0]
+    make_big_bf16.py OUT_DIR [--gb 2.5] [--shard-gb 1.0] [--vocab 0] [--fp8]
 
 Layout: config.json with GLM-5.2 field names (hidden 6144, moe_intermediate 2048), MoE layers
 of routed experts (gate/up [2048, 6144], down [6144, 2048]) plus one shared expert and a
@@ -13,6 +13,9 @@ is missing); only the converter reads it.
 
 Values: one 32 MB block of BF16 normal(0, 1/sqrt(fan_in)) numbers, reused with a per-tensor
 byte rotation and a random sign pattern, so that writing is disk-bound, not RNG-bound.
+--fp8 writes the expert and shared-expert weights as F8_E4M3 (random non-NaN bytes) with F32
+weight_scale_inv [ceil(out/128), ceil(in/128)], like zai-org's FP8 release (--gb counts BF16
+bytes, so the files are about half as big).
 """
 import argparse
 import json
@@ -30,6 +33,7 @@ def main():
     ap.add_argument("--gb", type=float, default=2.5)
     ap.add_argument("--shard-gb", type=float, default=1.0)
     ap.add_argument("--vocab", type=int, default=0)
+    ap.add_argument("--fp8", action="store_true")
     a = ap.parse_args()
     rng = np.random.default_rng(0)
     base = (rng.standard_normal(16 << 20, dtype=np.float32) / np.sqrt(H)).view(np.uint32)
@@ -80,19 +84,29 @@ def main():
     wmap, total, k = {}, 0, 0
     for s, items in enumerate(shards):
         fn = "model-%05d-of-%05d.safetensors" % (s + 1, len(shards))
-        header, off = {"__metadata__": {"format": "pt"}}, 0
+        header, off, blobs = {"__metadata__": {"format": "pt"}}, 0, []
         for name, shape in items:
-            nb = 2 * shape[0] * shape[1]
-            header[name] = {"dtype": "BF16", "shape": list(shape), "data_offsets": [off, off + nb]}
-            off += nb
+            n = shape[0] * shape[1]
+            if a.fp8 and "experts" in name:
+                # E4M3 bytes: the low byte of the BF16 pattern, NaN codes (x111 1111) avoided
+                b = (data(n, k) & 0xFF).astype(np.uint8)
+                b[(b & 0x7F) == 0x7F] ^= 1
+                sinv = np.full((-(-shape[0] // 128), -(-shape[1] // 128)), 1.0 / 448 / np.sqrt(shape[1]), "<f4")
+                blobs += [(name, "F8_E4M3", shape, b), (name + "_scale_inv", "F32", sinv.shape, sinv)]
+            else:
+                blobs.append((name, "BF16", shape, data(n, k)))
+            k += 1
+        blobs.sort(key=lambda x: x[1] != "F32")  # F32 first: natural alignment
+        for name, dt, shape, arr in blobs:
+            header[name] = {"dtype": dt, "shape": list(shape), "data_offsets": [off, off + arr.nbytes]}
+            off += arr.nbytes
             wmap[name] = fn
         hj = json.dumps(header, separators=(",", ":")).encode()
         hj += b" " * (-len(hj) % 8)
         with open(os.path.join(a.out_dir, fn), "wb") as f:
             f.write(struct.pack("<Q", len(hj)) + hj)
-            for name, shape in items:
-                f.write(data(shape[0] * shape[1], k).tobytes())
-                k += 1
+            for _, _, _, arr in blobs:
+                f.write(arr.tobytes())
         total += off
     with open(os.path.join(a.out_dir, "model.safetensors.index.json"), "w") as f:
         json.dump({"metadata": {"total_size": total}, "weight_map": wmap}, f, indent=2)

@@ -1285,6 +1285,18 @@ static void topk_select(const float *score, int n, int k, int *heap) {
 
 /* --- the DSA lightning indexer (§3.4) ----------------------------------- */
 
+/* I[t,s] = Σ_h w_h·ReLU(q_h·k_s / sqrt(ID)) / sqrt(IH): ReLU per head, then the
+ * signed weighted sum (pitfall 10). */
+static float index_score(const float *q, const float *w, const float *k, int IH, int ID) {
+    const float q_scale = 1.0f / sqrtf((float)ID), w_scale = 1.0f / sqrtf((float)IH);
+    float sum = 0.0f;
+    for (int h = 0; h < IH; h++) {
+        float d = dot(q + (size_t)h * ID, k, ID) * q_scale;
+        sum += (w[h] * w_scale) * (d > 0.0f ? d : 0.0f);
+    }
+    return sum;
+}
+
 /* For each token of the chunk: score every visible cached key, keep the top
  * index_topk positions in s->sel. Writes this chunk's indexer keys into the cache. */
 static void indexer_select(const Model *m, const Layer *L, KVCache *kv, RunState *s, int n, int pos0) {
@@ -1301,8 +1313,9 @@ static void indexer_select(const Model *m, const Layer *L, KVCache *kv, RunState
         layernorm(k, s->ix_k + (size_t)t * ID, L->ix_knorm_w, L->ix_knorm_b, ID, 1e-6f);
         rope(k, c->qk_rope, pos0 + t, c->rope_theta);
     }
-    const float q_scale = 1.0f / sqrtf((float)ID), w_scale = 1.0f / sqrtf((float)IH);
-#pragma omp parallel for schedule(dynamic, 1)
+    /* one token (decode): its keys are split across threads; several: the tokens are */
+    const int by_key = n == 1;
+#pragma omp parallel for schedule(dynamic, 1) if (!by_key)
     for (int t = 0; t < n; t++) {
         int visible = pos0 + t + 1, *sel = s->sel + (size_t)t * K;
         if (visible <= K) { /* every visible key is kept: attention is dense causal */
@@ -1310,17 +1323,10 @@ static void indexer_select(const Model *m, const Layer *L, KVCache *kv, RunState
             s->n_sel[t] = visible;
             continue;
         }
-        float *score = s->scores + (size_t)thread_id() * kv->ctx;
+        float *score = s->scores + (size_t)thread_id() * ATTN_HEAD_BLOCK * kv->ctx;
         const float *q = s->ix_q + (size_t)t * IH * ID, *w = s->ix_w + (size_t)t * IH;
-        for (int j = 0; j < visible; j++) {
-            const float *k = cache + (size_t)j * ID;
-            float sum = 0.0f;
-            for (int h = 0; h < IH; h++) {
-                float d = dot(q + (size_t)h * ID, k, ID) * q_scale;
-                sum += (w[h] * w_scale) * (d > 0.0f ? d : 0.0f); /* ReLU per head, then the signed weighted sum */
-            }
-            score[j] = sum;
-        }
+#pragma omp parallel for schedule(static) if (by_key && visible > 256)
+        for (int j = 0; j < visible; j++) score[j] = index_score(q, w, cache + (size_t)j * ID, IH, ID);
         topk_select(score, visible, K, sel);
         s->n_sel[t] = K;
     }

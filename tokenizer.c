@@ -989,10 +989,15 @@ static int cli_jsonl(const Tokenizer *t) {
 
 int tokenize_main(int argc, char **argv) {
     const char *dir = NULL, *file = NULL, *arg = NULL;
-    int decode = 0, jsonl = 0;
+    int decode = 0, jsonl = 0, positional = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
-        if ((strcmp(a, "-m") == 0 || strcmp(a, "--model") == 0 || strcmp(a, "--tokenizer") == 0)) {
+        if (!positional && strcmp(a, "--") == 0) {   /* the rest is text, even if it starts with '-' */
+            positional = 1;
+        } else if (positional) {
+            if (arg) return cli_error("tokenize: unexpected extra argument '%s'", a);
+            arg = a;
+        } else if ((strcmp(a, "-m") == 0 || strcmp(a, "--model") == 0 || strcmp(a, "--tokenizer") == 0)) {
             if (i + 1 >= argc) return cli_error("tokenize: %s needs an argument", a);
             if (a[1] == '-' && a[2] == 't') file = argv[++i];
             else dir = argv[++i];
@@ -1001,7 +1006,7 @@ int tokenize_main(int argc, char **argv) {
         } else if (strcmp(a, "--jsonl") == 0) {
             jsonl = 1;
         } else if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
-            printf("usage: glm tokenize (-m DIR | --tokenizer FILE) \"text\"\n"
+            printf("usage: glm tokenize (-m DIR | --tokenizer FILE) [--] \"text\"\n"
                    "       glm tokenize (-m DIR | --tokenizer FILE) --decode 1,2,3\n"
                    "       glm tokenize (-m DIR | --tokenizer FILE) --jsonl < strings.jsonl > ids.jsonl\n");
             return 0;

@@ -115,7 +115,7 @@ int tokenizer_render_chat(const Tokenizer *t, const ChatMessage *msgs, int n, co
                           int add_generation_prompt, int **ids, char *err, size_t errlen);
 
 /* The `glm tokenize` subcommand; argv[0] is "tokenize". Returns the exit code.
- *   tokenize -m DIR "text"            ids, space-separated, one line
+ *   tokenize -m DIR [--] "text"       ids, space-separated, one line ("--": text may start with '-')
  *   tokenize -m DIR --decode 1,2,3    the decoded text (lossy UTF-8) and a newline
  *   tokenize -m DIR --jsonl           stdin: one JSON string per line; stdout: one JSON array of ids per line
  *   --tokenizer FILE                  use FILE instead of DIR/tokenizer.json

@@ -98,6 +98,7 @@ cli_tests() {   # $1 = label, rest = command prefix up to and including "tokeniz
     [ -f "$GLM_JSON" ] || return
     check "$label: encode one string" "[ \"\$($* -m \"$GLM_DIR\" 'Hello world')\" = '9703 1879' ]"
     check "$label: --tokenizer FILE" "[ \"\$($* --tokenizer \"$GLM_JSON\" 'x<|user|>y')\" = '87 154827 88' ]"
+    check "$label: text after --" "[ \"\$($* -m \"$GLM_DIR\" -- '-x')\" = '6558' ]"
     check "$label: --decode" "[ \"\$($* --decode -m \"$GLM_DIR\" 9703,1879,154827)\" = 'Hello world<|user|>' ]"
     "$@" -m "$GLM_DIR" --jsonl < "$OUT/corpus.jsonl" > "$OUT/cli-ids.jsonl" 2> "$OUT/cli-err"
     check "$label: --jsonl output equals the golden ids" "cmp -s \"$OUT/cli-ids.jsonl\" \"$OUT/glm-ids.jsonl\""

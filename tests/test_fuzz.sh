@@ -116,7 +116,7 @@ else
 fi
 
 # ---- 2. build ------------------------------------------------------------------------------
-if ! make -s fuzz >"$OUT/build.log" 2>&1; then
+if ! make -s -j"$(nproc 2>/dev/null || echo 2)" fuzz >"$OUT/build.log" 2>&1; then
     bad "make fuzz (needs clang + libFuzzer: apt-get install clang-14 libclang-rt-14-dev): $(tail -n 5 "$OUT/build.log" | tr '\n' ' ')"
     echo "$pass passed, $fail failed"
     exit 1

@@ -19,8 +19,11 @@
  *     and the dense MLP. The router, embeddings, lm_head and the MTP layer stay as they are.
  *   - A Linear is quantized only if its input width is a multiple of 32; else it is kept.
  *   - FP8 weights are dequantized with their 128x128 block scales (weight_scale_inv, partial
- *     edge blocks clamped) in fp32. Those not quantized are written as BF16, so the output
- *     has one quantization method (quark) and no F8 tensors; weight_scale_inv is dropped.
+ *     edge blocks clamped) in fp32. Those not quantized are written as BF16 (rounded to
+ *     nearest even; exact when the scales are powers of two), so the output has one
+ *     quantization method (quark) and no F8 tensors; weight_scale_inv is dropped.
+ *   - NaN or infinity in a tensor that is converted (quantized, or FP8 -> BF16) is an error
+ *     naming the tensor; tensors copied unchanged are not inspected.
  *   - Output shards mirror the input shards (same file names, one output file per input
  *     file); a weight's MXFP4 weight_scale goes into the same shard as its weight.
  */
@@ -38,6 +41,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 #ifdef _OPENMP
 #include <omp.h>
@@ -774,7 +778,7 @@ static void write_shard(Stream *st, OutShard *sh, OutFile *f) {
     size_t size = sh->header.n + sh->data_size;
     /* reserve the space now: a full disk fails here, not after an hour */
     if (size && fallocate(fd, 0, 0, (off_t)size) != 0 && errno != EOPNOTSUPP && errno != ENOSYS)
-        glm_fatal("%s: cannot reserve %.2f GB: %s", f->tmp, size / 1e9, strerror(errno));
+        glm_fatal("%s: cannot reserve %zu bytes: %s", f->tmp, size, strerror(errno));
     write_all(fd, f, sh->header.s, sh->header.n, 0);
     st->out_fd = fd;
     st->out = f;
@@ -1029,6 +1033,15 @@ static void check_out_dir(const char *in, const char *out) {
     if (!empty) glm_fatal("convert: output folder %s is not empty (choose a new folder)", out);
 }
 
+/* A conversion that cannot fit fails now, not hours later (fallocate still guards each file). */
+static void check_free_space(const char *dir, size_t need) {
+    struct statvfs v;
+    if (statvfs(dir, &v) != 0) return; /* unknown: let the writes find out */
+    double avail = (double)v.f_bavail * (double)v.f_frsize;
+    if (avail < (double)need)
+        glm_fatal("convert: %s: not enough free space: the output needs %.3f GB, %.3f GB are free", dir, need / 1e9, avail / 1e9);
+}
+
 /* Refuses inputs that are already quantized in another scheme than FP8. */
 static void check_input_config(const char *path, const char *text, size_t len) {
     Json j;
@@ -1102,6 +1115,15 @@ int convert_main(int argc, char **argv) {
     if (mkdir(out, 0755) == 0) g_out.created_dir = 1;
     else if (errno != EEXIST) glm_fatal("convert: cannot create output folder %s: %s", out, strerror(errno));
     glm_fatal_cleanup = remove_partial_output;
+    size_t need = strlen(config);
+    for (int s = 0; s < plan.n_shards; s++) need += plan.shards[s].header.n + plan.shards[s].data_size;
+    for (int i = 0; i < n_other; i++) {
+        struct stat st;
+        char *src = xprintf("%s/%s", in, other[i]);
+        if (stat(src, &st) == 0) need += (size_t)st.st_size;
+        free(src);
+    }
+    check_free_space(out, need);
     signal(SIGINT, on_signal);
     signal(SIGTERM, on_signal);
     signal(SIGHUP, on_signal);

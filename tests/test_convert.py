@@ -22,7 +22,8 @@ What is checked:
   * logits of the converted tiny model (default, --attn, --all-linear; BF16 and FP8 inputs)
     match ref.py run on the converted weights (relative L2 <= 1e-4 per position, same argmax).
   * bad input (missing folders/files, unsupported dtype, NaN/Inf, OUT_DIR == IN_DIR, OUT_DIR a
-    file or not empty, not creatable, read-only, disk full, interrupted) exits 1 with one
+    file or not empty, not creatable, read-only, disk full, a write failing midway (file size
+    limit), interrupted) exits 1 with one
     'glm: error:' line and leaves no partial output. Read-only and disk-full use a private
     tmpfs mount (unshare -m); they are skipped where that is not permitted.
 
@@ -672,8 +673,21 @@ def t_disk_full():
     check(lines[0] == "rc=1", "exit code: %s (stderr %r)" % (lines[0], se[-300:]))
     check(lines[1:] == ["."], "left behind on the full disk: %s" % lines[1:-1])
     errs = se.splitlines()
-    check(len(errs) == 1 and errs[0].startswith("glm: error:") and "No space left" in errs[0],
+    check(len(errs) == 1 and errs[0].startswith("glm: error:") and "space" in errs[0],
           "expected one disk-full error: %r" % se[-400:])
+
+
+def t_write_fails_midway():
+    """a write error after some files are complete (here: the file size limit, with SIGXFSZ
+    ignored, so writes fail with EFBIG): everything written so far is removed."""
+    src = os.path.abspath(CK.setdefault("bf16", make_tiny(fresh("tiny-bf16"), "bf16", 31)))
+    o = fresh("efbig-mx")
+    rc, so, se = run(["sh", "-c", 'trap "" XFSZ; ulimit -f 1000 && exec "$0" convert "$1" "$2"', GLM, src, o])
+    check(rc == 1, "exit code %d, expected 1 (stderr %r)" % (rc, se[-300:]))
+    errs = se.splitlines()
+    check(len(errs) == 1 and errs[0].startswith("glm: error:") and "too large" in errs[0],
+          "expected one 'File too large' error: %r" % se[-300:])
+    check(not os.path.exists(o), "output left behind: %s" % (os.listdir(o) if os.path.isdir(o) else o))
 
 
 def t_interrupted():
@@ -737,6 +751,7 @@ def main():
     test("out_dir_not_creatable", t_out_not_creatable)
     test("out_dir_read_only", t_read_only)
     test("disk_full", t_disk_full)
+    test("write_fails_midway", t_write_fails_midway)
     test("interrupted_leaves_nothing", t_interrupted)
     n_pass = sum(results)
     n_fail = len(results) - n_pass

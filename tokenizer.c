@@ -93,9 +93,9 @@ static uint64_t table_size(size_t n) {   /* power of two, load factor <= 0.5 */
     return c;
 }
 
-/* id of raw bytes in the regular vocabulary, or -1 */
-static int vocab_find(const Tokenizer *t, const unsigned char *p, size_t n) {
-    uint64_t h = hash_bytes(p, n), tag = h >> 32;
+/* id of raw bytes in the regular vocabulary, or -1 (h = hash_bytes(p, n)) */
+static int vocab_find_h(const Tokenizer *t, const unsigned char *p, size_t n, uint64_t h) {
+    uint64_t tag = h >> 32;
     for (uint64_t i = h & t->vmask;; i = (i + 1) & t->vmask) {
         uint64_t e = t->vmap[i];
         if (!e) return -1;
@@ -104,6 +104,10 @@ static int vocab_find(const Tokenizer *t, const unsigned char *p, size_t n) {
             if (t->tok[id].len == n && memcmp(t->pool + t->tok[id].off, p, n) == 0) return id;
         }
     }
+}
+
+static int vocab_find(const Tokenizer *t, const unsigned char *p, size_t n) {
+    return vocab_find_h(t, p, n, hash_bytes(p, n));
 }
 
 /* inserts id (its bytes already in the pool); returns the id already there, or -1 */
@@ -608,6 +612,88 @@ static const char *check_pipeline(const JsonValue *root) {
     return NULL;
 }
 
+/* Merges: either "a b" or ["a", "b"]; rank = position in the list. Both sides and the merged
+ * token must be in the vocabulary (as in HF). The 4 MB vocab table, the token table, the pool
+ * and the 16 MB merge table are read at random places, so merges go in batches whose memory
+ * is prefetched stage by stage: waiting for each access in turn would double the load time. */
+typedef struct { long len; uint64_t h; int id; } Side;
+
+static int load_merges(Tokenizer *t, const JsonValue *merges, const int inv[0x144], char *msg, size_t msglen) {
+    enum { BATCH = 32 };
+    size_t bufsz = 4 * (size_t)t->max_token_bytes + 8;   /* a byte-level side is <= 2x its raw bytes */
+    unsigned char *bufs = malloc(BATCH * bufsz);
+    t->mmask = table_size(merges->n) - 1;
+    t->merges = malloc((t->mmask + 1) * sizeof *t->merges);
+    if (!t->merges || !bufs) { free(bufs); seterr(msg, msglen, "out of memory"); return -1; }
+    for (uint64_t i = 0; i <= t->mmask; i++) t->merges[i].key = UINT64_MAX;
+    uint32_t rank = 0;
+    int guess = 0;
+    for (const JsonValue *m = merges->child; m;) {
+        Side side[2 * BATCH];
+        int n = 0;
+        for (; m && n < BATCH; m = m->next, n++) {   /* 1: raw bytes, hashes, prefetch the hash slots */
+            const char *a = NULL, *b = NULL;
+            size_t na = 0, nb = 0;
+            if (m->type == JSON_STRING) {
+                const char *sp = memchr(m->str, ' ', m->str_len);
+                if (sp) { a = m->str; na = (size_t)(sp - m->str); b = sp + 1; nb = m->str_len - na - 1; }
+            } else if (m->type == JSON_ARRAY && m->n == 2 && m->child->type == JSON_STRING && m->child->next->type == JSON_STRING) {
+                a = m->child->str; na = m->child->str_len;
+                b = m->child->next->str; nb = m->child->next->str_len;
+            }
+            unsigned char *buf = bufs + (size_t)n * bufsz;
+            Side *sa = &side[2 * n], *sb = sa + 1;
+            sa->len = sb->len = -1;
+            if (a && na <= (size_t)t->max_token_bytes * 2 && nb <= (size_t)t->max_token_bytes * 2) {
+                sa->len = unbyte(inv, a, na, buf);
+                if (sa->len > 0 && sa->len <= t->max_token_bytes) {
+                    sb->len = unbyte(inv, b, nb, buf + sa->len);
+                    if (sb->len > t->max_token_bytes) sb->len = -1;
+                }
+            }
+            for (int k = 0; k < 2; k++) {
+                Side *x = &sa[k];
+                if (x->len <= 0) continue;
+                x->h = hash_bytes(buf + (k ? sa->len : 0), (size_t)x->len);
+                PREFETCH(&t->vmap[x->h & t->vmask]);
+            }
+        }
+        for (int k = 0; k < 2 * n; k++) {   /* 2: the likely token's entry */
+            if (side[k].len <= 0) continue;
+            uint64_t e = t->vmap[side[k].h & t->vmask];
+            side[k].id = e ? (int)(uint32_t)e - 1 : -1;
+            if (e) PREFETCH(&t->tok[side[k].id]);
+        }
+        for (int k = 0; k < 2 * n; k++)   /* 3: its bytes */
+            if (side[k].len > 0 && side[k].id >= 0) PREFETCH(t->pool + t->tok[side[k].id].off);
+        MergeSlot q[BATCH];
+        for (int k = 0; k < n; k++, rank++) {   /* 4: the lookups proper */
+            const unsigned char *buf = bufs + (size_t)k * bufsz;
+            long la = side[2 * k].len, lb = side[2 * k + 1].len;
+            int ia = la > 0 ? vocab_find_h(t, buf, (size_t)la, side[2 * k].h) : -1;
+            int ib = lb > 0 ? vocab_find_h(t, buf + la, (size_t)lb, side[2 * k + 1].h) : -1;
+            int im = -1;
+            /* files made by the tiktoken converter (GLM, Llama-3) list merges in the order of
+             * the merged token's id: try the last one and its successor before hashing */
+            for (int g = guess; ia >= 0 && ib >= 0 && im < 0 && g <= guess + 1 && g < t->n_ids; g++)
+                if (t->tok[g].len == (uint32_t)(la + lb) && memcmp(t->pool + t->tok[g].off, buf, (size_t)(la + lb)) == 0) im = g;
+            if (im < 0 && ia >= 0 && ib >= 0) im = vocab_find(t, buf, (size_t)(la + lb));
+            if (im < 0) {
+                free(bufs);
+                seterr(msg, msglen, "merge %u is malformed or not in the vocabulary", rank);
+                return -1;
+            }
+            guess = im;
+            q[k] = (MergeSlot){(uint64_t)(uint32_t)ia << 32 | (uint32_t)ib, rank, im};
+            PREFETCH(&t->merges[hash_pair(q[k].key) & t->mmask]);
+        }
+        for (int k = 0; k < n; k++)   /* 5: inserts, in order (a later duplicate wins) */
+            merge_insert(t, (int)(q[k].key >> 32), (int)(uint32_t)q[k].key, q[k].rank, q[k].merged);
+    }
+    free(bufs);
+    return 0;
+}
+
 static int cmp_added(const void *pa, const void *pb) {
     const Added *a = pa, *b = pb;
     if (a->first != b->first) return a->first < b->first ? -1 : 1;
@@ -684,56 +770,7 @@ static int build(Tokenizer *t, const JsonValue *root, char *msg, size_t msglen) 
         t->byte_id[b] = vocab_find(t, &c, 1);
     }
 
-    /* merges: either "a b" or ["a", "b"]; rank = position in the list */
-    t->mmask = table_size(merges->n) - 1;
-    t->merges = malloc((t->mmask + 1) * sizeof *t->merges);
-    unsigned char *buf = malloc(4 * (size_t)t->max_token_bytes + 8);   /* a byte-level side is <= 2x its raw bytes */
-    if (!t->merges || !buf) { free(buf); seterr(msg, msglen, "out of memory"); return -1; }
-    for (uint64_t i = 0; i <= t->mmask; i++) t->merges[i].key = UINT64_MAX;
-    enum { PIPE = 16 };
-    MergeSlot pending[PIPE];
-    uint32_t rank = 0;
-    int guess = 0;
-    for (const JsonValue *m = merges->child; m; m = m->next, rank++) {
-        const char *a = NULL, *b = NULL;
-        size_t na = 0, nb = 0;
-        if (m->type == JSON_STRING) {
-            const char *sp = memchr(m->str, ' ', m->str_len);
-            if (sp) { a = m->str; na = (size_t)(sp - m->str); b = sp + 1; nb = m->str_len - na - 1; }
-        } else if (m->type == JSON_ARRAY && m->n == 2 && m->child->type == JSON_STRING && m->child->next->type == JSON_STRING) {
-            a = m->child->str; na = m->child->str_len;
-            b = m->child->next->str; nb = m->child->next->str_len;
-        }
-        long la = -1, lb = -1;
-        if (a && na <= (size_t)t->max_token_bytes * 2 && nb <= (size_t)t->max_token_bytes * 2) {
-            la = unbyte(inv, a, na, buf);
-            if (la > 0 && la <= t->max_token_bytes) {
-                lb = unbyte(inv, b, nb, buf + la);
-                if (lb > t->max_token_bytes) lb = -1;
-            }
-        }
-        int ia = la > 0 ? vocab_find(t, buf, (size_t)la) : -1;
-        int ib = lb > 0 ? vocab_find(t, buf + la, (size_t)lb) : -1;
-        int im = -1;
-        /* files made by the tiktoken converter (GLM, Llama-3) list merges in the order of the
-         * merged token's id: try the last one and its successor before hashing */
-        for (int g = guess; ia >= 0 && ib >= 0 && im < 0 && g <= guess + 1 && g < t->n_ids; g++)
-            if (t->tok[g].len == (uint32_t)(la + lb) && memcmp(t->pool + t->tok[g].off, buf, (size_t)(la + lb)) == 0) im = g;
-        if (im < 0 && ia >= 0 && ib >= 0) im = vocab_find(t, buf, (size_t)(la + lb));
-        if (im >= 0) guess = im;
-        if (im < 0 || ia < 0 || ib < 0) { free(buf); seterr(msg, msglen, "merge %u is malformed or not in the vocabulary", rank); return -1; }
-        /* the insert is delayed by PIPE merges and its slot prefetched now: the table is
-         * 16 MB, and waiting for each random slot would double the load time */
-        MergeSlot *q = &pending[rank % PIPE];
-        if (rank >= PIPE) merge_insert(t, (int)(q->key >> 32), (int)(uint32_t)q->key, q->rank, q->merged);
-        *q = (MergeSlot){(uint64_t)(uint32_t)ia << 32 | (uint32_t)ib, rank, im};
-        PREFETCH(&t->merges[hash_pair(q->key) & t->mmask]);
-    }
-    for (uint32_t r = rank > PIPE ? rank - PIPE : 0; r < rank; r++) {   /* in order: a later duplicate wins */
-        const MergeSlot *q = &pending[r % PIPE];
-        merge_insert(t, (int)(q->key >> 32), (int)(uint32_t)q->key, q->rank, q->merged);
-    }
-    free(buf);
+    if (load_merges(t, merges, inv, msg, msglen)) return -1;
 
     /* added tokens (content verbatim, not byte-level) */
     int k = 0;

@@ -558,6 +558,7 @@ static void *grow(void *p, size_t *cap, size_t need) {
 typedef struct {                 /* the first failure inside the parallel loop */
     int what;                    /* 0 none, 1 read, 2 write, 3 not finite */
     int err;
+    int tensor;                  /* index in the shard */
     int64_t row, col;
 } Failure;
 
@@ -586,8 +587,9 @@ static int read_ok(int fd, void *buf, size_t n, size_t off, Failure *fail) {
         ssize_t r = pread(fd, p, n, (off_t)off);
         if (r < 0 && errno == EINTR) continue;
         if (r <= 0) {
+            int err = r < 0 ? errno : EIO;
             #pragma omp critical(convert_fail)
-            if (!fail->what) { fail->what = 1; fail->err = r < 0 ? errno : EIO; }
+            if (!fail->what) { fail->what = 1; fail->err = err; }
             return 0;
         }
         p += r; n -= (size_t)r; off += (size_t)r;
@@ -601,8 +603,9 @@ static int write_ok(int fd, const void *buf, size_t n, size_t off, Failure *fail
         ssize_t w = pwrite(fd, p, n, (off_t)off);
         if (w < 0 && errno == EINTR) continue;
         if (w <= 0) {
+            int err = w < 0 ? errno : ENOSPC;
             #pragma omp critical(convert_fail)
-            if (!fail->what) { fail->what = 2; fail->err = w < 0 ? errno : ENOSPC; }
+            if (!fail->what) { fail->what = 2; fail->err = err; }
             return 0;
         }
         p += w; n -= (size_t)w; off += (size_t)w;
@@ -644,13 +647,13 @@ static int64_t first_nonfinite(const float *x, int64_t n) {
     return -1;
 }
 
-static void note_nonfinite(Failure *fail, int64_t r, int64_t c) {
+static void note_nonfinite(Failure *fail, int tensor, int64_t r, int64_t c) {
     #pragma omp critical(convert_fail)
-    if (!fail->what || (fail->what == 3 && r < fail->row)) { fail->what = 3; fail->row = r; fail->col = c; }
+    if (!fail->what) { fail->what = 3; fail->tensor = tensor; fail->row = r; fail->col = c; }
 }
 
 /* Converts rows [r0, r1) of t from raw input to the output bytes for those rows. */
-static void convert_rows(const OutTensor *t, const float *fp8_scale, Scratch *s, int64_t r0, int64_t r1,
+static void convert_rows(const OutTensor *t, int ti, const float *fp8_scale, Scratch *s, int64_t r0, int64_t r1,
                          size_t in_row, Failure *fail, size_t *out_w, size_t *out_s) {
     int64_t n = t->src->shape[1];
     s->row = grow(s->row, &s->row_cap, (size_t)n * sizeof(float));
@@ -661,10 +664,10 @@ static void convert_rows(const OutTensor *t, const float *fp8_scale, Scratch *s,
             uint8_t *packed = s->out + (size_t)(r - r0) * (size_t)(n / 2);
             uint8_t *scales = s->out + (size_t)(r1 - r0) * (size_t)(n / 2) + (size_t)(r - r0) * (size_t)(n / MX_BLOCK);
             int64_t c = mxfp4_quantize_row(s->row, n, packed, scales);
-            if (c >= 0) { note_nonfinite(fail, r, c); return; }
+            if (c >= 0) { note_nonfinite(fail, ti, r, c); return; }
         } else { /* OUT_FP8_BF16 */
             int64_t c = first_nonfinite(s->row, n);
-            if (c >= 0) { note_nonfinite(fail, r, c); return; }
+            if (c >= 0) { note_nonfinite(fail, ti, r, c); return; }
             uint8_t *o = s->out + (size_t)(r - r0) * (size_t)n * 2;
             for (int64_t j = 0; j < n; j++) {
                 uint16_t b = f32_to_bf16(s->row[j]);
@@ -676,13 +679,17 @@ static void convert_rows(const OutTensor *t, const float *fp8_scale, Scratch *s,
     *out_s = t->kind == OUT_MX_WEIGHT ? (size_t)(r1 - r0) * (size_t)(n / MX_BLOCK) : 0;
 }
 
-typedef struct {                 /* what the streaming loop needs besides the tensor */
+/* One unit of work: rows [r0, r1) of output tensor t of a shard (bytes, for a copy), about
+ * BLOCK_BYTES of input. All units of a shard go through one parallel loop, so the threads
+ * never wait for each other between tensors. */
+typedef struct {
+    int t;
+    int64_t r0, r1;
+} Unit;
+
+typedef struct {                 /* what the streaming loop needs besides the shard */
     const Checkpoint *ck;
     const int *in_fd;            /* per input shard */
-    int out_fd;
-    const OutFile *out;
-    size_t data_start;           /* file offset of the output data section */
-    const Plan *plan;
     Scratch *scratch;            /* [threads] */
     size_t done, total;          /* input bytes, for the progress bar */
     int tensors_done, tensors_total;
@@ -695,47 +702,94 @@ static void show_progress(Stream *st, int final) {
     if (!final && t - st->last_print < 0.2) return;
     st->last_print = t;
     size_t done;
+    int tensors;
     #pragma omp atomic read
     done = st->done;
+    #pragma omp atomic read
+    tensors = st->tensors_done;
     char what[64];
-    snprintf(what, sizeof what, "convert %d/%d tensors", st->tensors_done, st->tensors_total);
+    snprintf(what, sizeof what, "convert %d/%d tensors", tensors, st->tensors_total);
     progress(what, final ? st->total : done, st->total, st->t0);
 }
 
-static void stream_tensor(Stream *st, const OutTensor *t) {
-    const TensorInfo *src = t->src;
-    const Shard *in_sh = &st->ck->shards[src->shard];
-    int in_fd = st->in_fd[src->shard];
-    size_t in_off = (size_t)(src->data - in_sh->map);
-    size_t out_off = st->data_start + t->offset;
-    Failure fail = {0};
+/* Bytes of input per unit of the tensor's rows (one byte per unit for a copy). */
+static size_t in_row_bytes(const OutTensor *t) {
+    if (t->kind == OUT_COPY) return 1;
+    return t->src->nbytes / (size_t)(t->src->shape[0] ? t->src->shape[0] : 1);
+}
 
-    /* FP8 block scales: tiny (one number per 128x128 block), read once */
-    float *fp8_scale = NULL;
-    if (t->src_scale) {
-        const TensorInfo *s = t->src_scale;
-        size_t n = (size_t)(s->shape[0] * s->shape[1]);
-        fp8_scale = xmalloc(n * sizeof(float));
-        for (size_t i = 0; i < n; i++) {
-            if (!strcmp(s->dtype, "F32")) memcpy(&fp8_scale[i], s->data + 4 * i, 4);
-            else { uint16_t b; memcpy(&b, s->data + 2 * i, 2); fp8_scale[i] = bf16_to_f32(b); }
-        }
+/* FP8 block scales as fp32: tiny (one number per 128x128 block), read once per tensor. */
+static float *load_fp8_scales(const TensorInfo *s) {
+    size_t n = (size_t)(s->shape[0] * s->shape[1]);
+    float *v = xmalloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) {
+        if (!strcmp(s->dtype, "F32")) memcpy(&v[i], s->data + 4 * i, 4);
+        else { uint16_t b; memcpy(&b, s->data + 2 * i, 2); v[i] = bf16_to_f32(b); }
     }
+    return v;
+}
 
-    /* units of work: byte blocks for a copy, blocks of whole rows otherwise */
-    int copy = t->kind == OUT_COPY;
-    size_t in_row = copy ? 1 : src->nbytes / (size_t)(src->shape[0] ? src->shape[0] : 1);
-    int64_t rows = copy ? (int64_t)src->nbytes : src->shape[0];
-    int64_t unit = (int64_t)(BLOCK_BYTES / (in_row ? in_row : 1));
-    if (unit < 1) unit = 1;
-    int64_t n_units = rows ? (rows + unit - 1) / unit : 0;
-    size_t scale_off = t->kind == OUT_MX_WEIGHT ? st->data_start + st->plan->pair_scale_offset[t->pair] : 0;
-    int64_t cols = copy ? 0 : src->shape[1];
+/* Reads, converts and writes one unit. Returns the input bytes it covered. */
+static size_t run_unit(const Stream *st, const OutShard *sh, const Plan *plan, const Unit *un, float *const *fp8_scales,
+                       int out_fd, size_t data_start, Scratch *s, Failure *fail) {
+    const OutTensor *t = &sh->t[un->t];
+    const TensorInfo *src = t->src;
+    size_t in_row = in_row_bytes(t);
+    size_t in_n = (size_t)(un->r1 - un->r0) * in_row;
+    size_t in_off = (size_t)(src->data - st->ck->shards[src->shard].map) + (size_t)un->r0 * in_row;
+    size_t out_off = data_start + t->offset;
+    s->in = grow(s->in, &s->in_cap, in_n);
+    if (!read_ok(st->in_fd[src->shard], s->in, in_n, in_off, fail)) return in_n;
+    if (t->kind == OUT_COPY) {
+        write_ok(out_fd, s->in, in_n, out_off + (size_t)un->r0, fail);
+        return in_n;
+    }
+    int64_t cols = src->shape[1];
     size_t out_row = t->kind == OUT_MX_WEIGHT ? (size_t)(cols / 2) : (size_t)cols * 2;
     size_t scale_row = t->kind == OUT_MX_WEIGHT ? (size_t)(cols / MX_BLOCK) : 0;
+    size_t nw = 0, ns = 0;
+    s->out = grow(s->out, &s->out_cap, (size_t)(un->r1 - un->r0) * (out_row + scale_row));
+    convert_rows(t, un->t, fp8_scales[un->t], s, un->r0, un->r1, in_row, fail, &nw, &ns);
+    if (nw && write_ok(out_fd, s->out, nw, out_off + (size_t)un->r0 * out_row, fail) && ns)
+        write_ok(out_fd, s->out + nw, ns, data_start + plan->pair_scale_offset[t->pair] + (size_t)un->r0 * scale_row, fail);
+    return in_n;
+}
 
-    #pragma omp parallel for schedule(dynamic, 1) if (n_units > 1)
-    for (int64_t u = 0; u < n_units; u++) {
+static void write_shard(Stream *st, const Plan *plan, OutShard *sh, OutFile *f) {
+    int fd = out_file_create(f);
+    size_t size = sh->header.n + sh->data_size;
+    /* reserve the space now: a full disk fails here, not after an hour */
+    if (size && fallocate(fd, 0, 0, (off_t)size) != 0 && errno != EOPNOTSUPP && errno != ENOSYS)
+        glm_fatal("%s: cannot reserve %zu bytes: %s", f->tmp, size, strerror(errno));
+    write_all(fd, f, sh->header.s, sh->header.n, 0);
+
+    /* cut every tensor into units (a scale comes with its weight and has none of its own) */
+    Unit *units = NULL;
+    int n_units = 0, cap = 0;
+    int *left = xmalloc((size_t)sh->n * sizeof(int));         /* units not done yet, per tensor */
+    float **fp8_scales = xmalloc((size_t)sh->n * sizeof(float *));
+    for (int i = 0; i < sh->n; i++) {
+        const OutTensor *t = &sh->t[i];
+        fp8_scales[i] = t->src_scale ? load_fp8_scales(t->src_scale) : NULL;
+        left[i] = 0;
+        if (t->kind == OUT_MX_SCALE) continue;
+        int64_t rows = t->kind == OUT_COPY ? (int64_t)t->src->nbytes : t->src->shape[0];
+        int64_t per = (int64_t)(BLOCK_BYTES / in_row_bytes(t));
+        if (per < 1) per = 1;
+        for (int64_t r0 = 0; r0 < rows; r0 += per) {
+            if (n_units == cap) {
+                cap = cap ? 2 * cap : 256;
+                units = xrealloc(units, (size_t)cap * sizeof(Unit));
+            }
+            units[n_units++] = (Unit){i, r0, r0 + per < rows ? r0 + per : rows};
+            left[i]++;
+        }
+        if (!left[i]) st->tensors_done++; /* empty tensor: nothing to write */
+    }
+
+    Failure fail = {0};
+    #pragma omp parallel for schedule(dynamic, 1)
+    for (int u = 0; u < n_units; u++) {
         int tid = 0;
 #ifdef _OPENMP
         tid = omp_get_thread_num();
@@ -744,47 +798,35 @@ static void stream_tensor(Stream *st, const OutTensor *t) {
         #pragma omp atomic read
         failed = fail.what;
         if (failed) continue;
-        Scratch *s = &st->scratch[tid];
-        int64_t r0 = u * unit, r1 = r0 + unit < rows ? r0 + unit : rows;
-        size_t in_n = (size_t)(r1 - r0) * in_row;
-        s->in = grow(s->in, &s->in_cap, in_n);
-        if (!read_ok(in_fd, s->in, in_n, in_off + (size_t)r0 * in_row, &fail)) continue;
-        if (copy) {
-            write_ok(st->out_fd, s->in, in_n, out_off + (size_t)r0, &fail);
-        } else {
-            size_t nw = 0, ns = 0;
-            s->out = grow(s->out, &s->out_cap, (size_t)(r1 - r0) * (out_row + scale_row));
-            convert_rows(t, fp8_scale, s, r0, r1, in_row, &fail, &nw, &ns);
-            if (nw && write_ok(st->out_fd, s->out, nw, out_off + (size_t)r0 * out_row, &fail) && ns)
-                write_ok(st->out_fd, s->out + nw, ns, scale_off + (size_t)r0 * scale_row, &fail);
-        }
+        size_t n = run_unit(st, sh, plan, &units[u], fp8_scales, fd, sh->header.n, &st->scratch[tid], &fail);
         #pragma omp atomic
-        st->done += in_n;
+        st->done += n;
+        int now_left;
+        #pragma omp atomic capture
+        now_left = --left[units[u].t];
+        if (now_left == 0) {
+            const OutTensor *t = &sh->t[units[u].t];
+            int k = t->kind == OUT_MX_WEIGHT ? 2 : 1;
+            #pragma omp atomic
+            st->tensors_done += k;
+            if (t->src_scale) {
+                #pragma omp atomic
+                st->done += t->src_scale->nbytes;
+            }
+        }
         if (tid == 0) show_progress(st, 0);
     }
-    free(fp8_scale);
-    if (fail.what == 1) glm_fatal("%s: read failed (tensor %s): %s", in_sh->path, src->name, strerror(fail.err));
-    if (fail.what == 2) glm_fatal("%s: write failed: %s", st->out->tmp, strerror(fail.err));
-    if (fail.what == 3)
-        glm_fatal("%s: tensor %s holds a NaN or infinity at [%lld, %lld]; it cannot be quantized", in_sh->path, src->name,
-                  (long long)fail.row, (long long)fail.col);
-    if (t->src_scale) st->done += t->src_scale->nbytes;
-    st->tensors_done += t->kind == OUT_MX_WEIGHT ? 2 : 1;
-    show_progress(st, 0);
-}
-
-static void write_shard(Stream *st, OutShard *sh, OutFile *f) {
-    int fd = out_file_create(f);
-    size_t size = sh->header.n + sh->data_size;
-    /* reserve the space now: a full disk fails here, not after an hour */
-    if (size && fallocate(fd, 0, 0, (off_t)size) != 0 && errno != EOPNOTSUPP && errno != ENOSYS)
-        glm_fatal("%s: cannot reserve %zu bytes: %s", f->tmp, size, strerror(errno));
-    write_all(fd, f, sh->header.s, sh->header.n, 0);
-    st->out_fd = fd;
-    st->out = f;
-    st->data_start = sh->header.n;
-    for (int i = 0; i < sh->n; i++)
-        if (sh->t[i].kind != OUT_MX_SCALE) stream_tensor(st, &sh->t[i]); /* a scale comes with its weight */
+    if (fail.what == 1) glm_fatal("%s: read failed: %s", f->tmp, strerror(fail.err));
+    if (fail.what == 2) glm_fatal("%s: write failed: %s", f->tmp, strerror(fail.err));
+    if (fail.what == 3) {
+        const TensorInfo *src = sh->t[fail.tensor].src;
+        glm_fatal("%s: tensor %s holds a NaN or infinity at [%lld, %lld]; it cannot be quantized",
+                  st->ck->shards[src->shard].path, src->name, (long long)fail.row, (long long)fail.col);
+    }
+    for (int i = 0; i < sh->n; i++) free(fp8_scales[i]);
+    free(fp8_scales);
+    free(left);
+    free(units);
     out_file_close(fd, f);
 }
 
@@ -1144,14 +1186,13 @@ int convert_main(int argc, char **argv) {
     Stream st = {0};
     st.ck = &ck;
     st.in_fd = in_fd;
-    st.plan = &plan;
     st.scratch = calloc((size_t)n_threads, sizeof(Scratch));
     if (!st.scratch) glm_fatal("out of memory");
     st.total = plan.in_bytes;
     st.t0 = now_s();
     for (int s = 0; s < plan.n_shards; s++) st.tensors_total += plan.shards[s].n;
     for (int s = 0; s < plan.n_shards; s++)
-        if (plan.shards[s].n) write_shard(&st, &plan.shards[s], out_file_add(plan.shards[s].file));
+        if (plan.shards[s].n) write_shard(&st, &plan, &plan.shards[s], out_file_add(plan.shards[s].file));
     show_progress(&st, 1);
     double t_stream = now_s() - st.t0;
     if (has_index) {

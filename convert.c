@@ -538,7 +538,7 @@ static void out_file_write(OutFile *f, const char *data, size_t n) {
 }
 
 /* ======================================================================== */
-/* 4. streaming one tensor                                                  */
+/* 4. streaming a shard                                                     */
 
 #define BLOCK_BYTES ((size_t)4 << 20) /* input bytes one thread handles at a time */
 

@@ -1014,7 +1014,7 @@ static int cli_jsonl(const Tokenizer *t) {
         } else {
             int *ids, n = tokenizer_encode(t, j.root->str, j.root->str_len, &ids, err, sizeof err);
             if (n < 0) rc = cli_error("stdin line %ld: %s", lineno, err);
-            else print_ids(stdout, ids, n, 1);
+            else print_ids(stdout, ids, n, 1), fflush(stdout);   /* answers a co-process line by line */
             free(ids);
         }
         json_free(&j);

@@ -87,6 +87,7 @@ struct EmuFiber {
     dim3 tid;
     int lin;                 /* linear thread index in the block */
     int state;
+    unsigned shuffles;       /* shuffles done in this block: picks the exchange buffer */
     char *stack;
 };
 
@@ -104,7 +105,7 @@ struct EmuWorker {
 inline thread_local EmuFiber *emu_cur;
 inline thread_local EmuWorker *emu_worker;
 inline thread_local dim3 emu_block_idx, emu_block_dim, emu_grid_dim;
-inline thread_local uint64_t emu_slot[1024]; /* shuffle exchange, one slot per thread */
+inline thread_local uint64_t emu_slot[2][1024]; /* shuffle exchange, one slot per thread, two buffers */
 
 #define threadIdx (emu_cur->tid)
 #define blockIdx emu_block_idx
@@ -191,18 +192,24 @@ static inline void emu_wait(int state) {
 inline void __syncthreads() { emu_wait(EMU_AT_BLOCK); }
 inline void emu_syncwave() { emu_wait(EMU_AT_WAVE); }
 
-/* xor shuffle: each lane posts its value, the wave meets, each reads its partner. */
+/* xor shuffle: each lane posts its value, the wave meets, each reads its partner.
+ * Consecutive shuffles alternate between two buffers, so one meeting per shuffle is
+ * enough: a lane can only write a buffer again two shuffles later, after every lane
+ * of its wave has passed the meeting in between, i.e. has finished reading it. */
 template <class T> inline T emu_shfl_xor(T v, int mask) {
     static_assert(sizeof(T) <= 8, "shuffle of a type wider than 8 bytes");
     EmuFiber *me = emu_cur;
     int lane = me->lin % WAVE, src = me->lin ^ mask;
+    uint64_t *slot = emu_slot[me->shuffles++ & 1];
     if (mask <= 0 || (lane ^ mask) >= WAVE || src >= emu_worker->n) emu_die("shuffle partner outside the wave");
-    memcpy(&emu_slot[me->lin], &v, sizeof v);
+    memcpy(&slot[me->lin], &v, sizeof v);
     emu_wait(EMU_AT_WAVE);
-    if (emu_worker->fibers[src].state == EMU_DONE) emu_die("shuffle with a lane that has exited");
+    /* the partner took part in this shuffle: it is still here, has gone on to the next
+     * one, or has finished since; fewer shuffles means it exited or is elsewhere */
+    if (emu_worker->fibers[src].shuffles - me->shuffles > 1u)
+        emu_die("shuffle with a lane that has exited or is at another shuffle");
     T r;
-    memcpy(&r, &emu_slot[src], sizeof r);
-    emu_wait(EMU_AT_WAVE);
+    memcpy(&r, &slot[src], sizeof r);
     return r;
 }
 #define SHFL_XOR(v, m) emu_shfl_xor((v), (m))
@@ -226,6 +233,7 @@ static void emu_run_block(EmuWorker *w, int n) {
         f->lin = i;
         f->tid = dim3(i % bd.x, (i / bd.x) % bd.y, i / (bd.x * bd.y));
         f->state = EMU_RUN;
+        f->shuffles = 0;
         emu_fiber_start(f);
     }
     for (;;) {

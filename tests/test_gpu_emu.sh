@@ -1,0 +1,141 @@
+#!/usr/bin/env bash
+# The GPU forward pass (glm_hip.hip) without a GPU: its kernels run on the CPU under
+# tests/hip_emu.h, at wave width 64 (AMD) and 32 (NVIDIA), and must compute what
+# glm.c computes:
+#   - every kernel against glm.c's own op (tests/gpu/kernel_test.c), both widths;
+#   - whole-forward logits of `glm_emu logits --gpu` against `glm logits` on the tiny
+#     checkpoints (bf16, fp8, mxfp4, mixed, grouped routing): relative L2 <= 1e-4 per
+#     position and the same argmax, by prefill and by --decode;
+#   - layers split over 2 and 3 virtual GPUs give bit-identical logits to 1;
+#   - run --gpu (sampling on the device) prints the CPU's tokens; the plan refuses a
+#     model that does not fit; the CPU build refuses --gpu in one line;
+#   - the compile checks for real GPUs (tests/gpu_compile_check.sh).
+# Run from the repository root (test.sh does). Prints "N passed, N failed".
+set -u
+cd "$(dirname "$0")/.."
+CPU=${GLM:-./glm}
+OUT=${TEST_OUT:-tests/out/gpu}
+PY=/usr/bin/python3
+export OMP_WAIT_POLICY=passive    # idle OpenMP threads would spin against the emulator's workers
+pass=0; fail=0
+ok() { echo "PASS $1"; pass=$((pass + 1)); }
+bad() { echo "FAIL $1: $2"; fail=$((fail + 1)); }
+count() { # adds a sub-suite's PASS/FAIL lines to ours
+    local log=$1
+    grep -E '^(PASS|FAIL)' "$log"
+    pass=$((pass + $(grep -c '^PASS' "$log"))); fail=$((fail + $(grep -c '^FAIL' "$log")))
+    grep -qE '^[0-9]+ passed, [0-9]+ failed' "$log" || bad "$2" "no summary line (crashed?): $(tail -n 3 "$log" | tr '\n' ' ')"
+}
+rm -rf "$OUT"; mkdir -p "$OUT"
+t_start=$(date +%s)
+
+# --- builds -------------------------------------------------------------------------------
+if ! make -s glm glm_emu64 glm_emu32 build/gpu_ktest64 build/gpu_ktest32 >"$OUT/build.log" 2>&1; then
+    bad "build glm_emu64 / glm_emu32 / kernel tests" "$(tail -n 20 "$OUT/build.log")"
+    echo "$pass passed, $fail failed"; exit 1
+fi
+grep -qi "warning" "$OUT/build.log" && bad "emulation build is warning-free" "$(grep -i warning "$OUT/build.log" | head -n 3)"
+
+# --- the tiny checkpoints -------------------------------------------------------------------
+MODELS="bf16 fp8 mxfp4 mixed ngroup"
+for v in bf16 fp8 mxfp4 mixed; do $PY tests/make_tiny.py "$OUT/$v" --variant $v --seed 21 >/dev/null || bad "make_tiny $v" "generator failed"; done
+$PY tests/make_tiny.py "$OUT/ngroup" --variant bf16 --seed 22 --n-group 4 --topk-group 2 >/dev/null || bad "make_tiny ngroup" "generator failed"
+
+# --- kernels against glm.c's ops ----------------------------------------------------------------
+./build/gpu_ktest64 "$OUT/bf16" "$OUT/mixed" "$OUT/ngroup" >"$OUT/ktest64.log" 2>"$OUT/ktest64.err"
+count "$OUT/ktest64.log" "kernel tests, wave 64"
+./build/gpu_ktest32 "$OUT/fp8" "$OUT/mxfp4" >"$OUT/ktest32.log" 2>"$OUT/ktest32.err"
+count "$OUT/ktest32.log" "kernel tests, wave 32"
+
+# --- whole forward: logits against the CPU path -------------------------------------------------
+IDS=3,141,59,265,358,97,93,238,462,64,33,83,279,502,88,41   # 16 tokens; index_topk 8: half are sparse
+SHORT=7,1,400,2,9                                           # 5 tokens: the multi-token matrix-vector kernel
+compare() { # compare NAME REF GOT: rel L2 <= 1e-4 per position and the same argmax
+    local r
+    r=$($PY - "$2" "$3" "$4" <<'EOF'
+import sys, numpy as np
+a = np.fromfile(sys.argv[1], np.float32); b = np.fromfile(sys.argv[2], np.float32); V = int(sys.argv[3])
+if a.size != b.size or a.size == 0 or a.size % V: print("size %d vs %d" % (a.size, b.size)); sys.exit()
+a = a.reshape(-1, V).astype(np.float64); b = b.reshape(-1, V).astype(np.float64)
+if not np.isfinite(b).all(): print("non-finite logits"); sys.exit()
+rel = np.linalg.norm(a - b, axis=1) / np.linalg.norm(a, axis=1)
+same = (a.argmax(1) == b.argmax(1)).all()
+print("ok" if rel.max() <= 1e-4 and same else "", "max rel L2 %.2e, argmax %s" % (rel.max(), "same" if same else "DIFFERS"))
+EOF
+)
+    case "$r" in ok*) ok "$1 (${r#ok })" ;; *) bad "$1" "$r" ;; esac
+}
+vocab() { $PY -c "import json,sys; print(json.load(open(sys.argv[1]))['vocab_size'])" "$1/config.json"; }
+for m in $MODELS; do
+    d=$OUT/$m; V=$(vocab "$d")
+    "$CPU" logits -m "$d" --ids $IDS -o "$d/cpu.bin" 2>/dev/null || bad "cpu logits $m" "glm logits failed"
+    "$CPU" logits -m "$d" --ids $IDS --decode -o "$d/cpu_dec.bin" 2>/dev/null || bad "cpu logits --decode $m" "glm logits failed"
+    for w in 64 32; do
+        ./glm_emu$w logits --gpu -m "$d" --ids $IDS -o "$d/gpu$w.bin" 2>"$d/gpu$w.err" || bad "glm_emu$w logits --gpu $m" "$(tail -n 2 "$d/gpu$w.err")"
+        compare "forward $m wave $w prefill vs CPU" "$d/cpu.bin" "$d/gpu$w.bin" "$V"
+        # --decode (one token per forward) is the slow case: both widths for the
+        # quantized models, one width for the others
+        case "$m$w" in bf1632|fp864|ngroup32) continue ;; esac
+        ./glm_emu$w logits --gpu --decode -m "$d" --ids $IDS -o "$d/gpu${w}_dec.bin" 2>"$d/gpu$w.err" || bad "glm_emu$w logits --gpu --decode $m" "$(tail -n 2 "$d/gpu$w.err")"
+        compare "forward $m wave $w --decode vs CPU" "$d/cpu_dec.bin" "$d/gpu${w}_dec.bin" "$V"
+    done
+done
+d=$OUT/mxfp4; V=$(vocab "$d")
+"$CPU" logits -m "$d" --ids $SHORT -o "$d/cpu_short.bin" 2>/dev/null
+./glm_emu32 logits --gpu -m "$d" --ids $SHORT -o "$d/gpu_short.bin" 2>/dev/null || bad "glm_emu32 short prefill" "failed"
+compare "forward mxfp4 wave 32, 5-token prefill vs CPU" "$d/cpu_short.bin" "$d/gpu_short.bin" "$V"
+
+# --- several GPUs: the layer split must not change a bit -------------------------------------------
+for m in mixed ngroup; do
+    d=$OUT/$m
+    for n in 2 3; do
+        if [ $m = mixed ]; then modes="prefill decode"; else modes=prefill; fi # decode: the selection crosses devices per token
+        for mode in $modes; do
+            suffix=; flag=
+            [ $mode = decode ] && suffix=_dec && flag=--decode
+            if ./glm_emu64 logits --gpus $n $flag -m "$d" --ids $IDS -o "$d/gpus$n$suffix.bin" 2>"$d/gpus$n.err"; then
+                devs=$(grep -c '^  device [0-9]' "$d/gpus$n.err")
+                if ! cmp -s "$d/gpu64$suffix.bin" "$d/gpus$n$suffix.bin"; then bad "$m --gpus $n $mode" "logits differ from --gpus 1"
+                elif [ "$devs" -ne $n ]; then bad "$m --gpus $n $mode" "the plan lists $devs devices"
+                else ok "$m --gpus $n $mode: plan over $n devices, logits identical to --gpus 1"; fi
+            else bad "$m --gpus $n $mode" "$(tail -n 2 "$d/gpus$n.err")"; fi
+        done
+    done
+done
+
+# --- glm run --gpu: greedy and sampled tokens as on the CPU ----------------------------------------
+d=$OUT/fp8
+for args in "--temp 0" "--temp 1 --top-p 0.9 --seed 7" "--temp 0.8 --top-p 1 --seed 3"; do
+    a=$("$CPU" run -m "$d" --ids 5,6,7 -n 10 $args 2>/dev/null)
+    b=$(./glm_emu32 run --gpu -m "$d" --ids 5,6,7 -n 10 $args 2>/dev/null)
+    if [ -n "$a" ] && [ "$a" = "$b" ]; then ok "run --gpu $args: same tokens as the CPU ($a)"
+    else bad "run --gpu $args" "CPU '$a' vs GPU '$b'"; fi
+done
+
+# --- errors -----------------------------------------------------------------------------------------
+d=$OUT/bf16
+GLM_EMU_DEVICE_MEM=2000000 ./glm_emu64 logits --gpus 2 -m "$d" --ids 1,2 -o "$OUT/x.bin" >/dev/null 2>"$OUT/err1"; rc=$?
+if [ $rc -eq 1 ] && grep -q "does not fit" "$OUT/err1" && grep -q "^glm: error: --gpus 2: the model does not fit" "$OUT/err1" && [ ! -e "$OUT/x.bin" ]; then
+    ok "a model that does not fit: the plan is printed, then one error line"
+else bad "model does not fit" "rc $rc: $(tail -n 3 "$OUT/err1" | tr '\n' ' ')"; fi
+GLM_EMU_DEVICES=2 ./glm_emu64 logits --gpus 3 -m "$d" --ids 1,2 -o "$OUT/x.bin" >/dev/null 2>"$OUT/err2"; rc=$?
+if [ $rc -eq 1 ] && tail -n 1 "$OUT/err2" | grep -q "^glm: error: --gpus 3: 2 GPU(s) visible"; then ok "--gpus 3 with 2 GPUs: a clear error"
+else bad "--gpus beyond the visible GPUs" "rc $rc: $(cat "$OUT/err2")"; fi
+GLM_EMU_DEVICES=0 ./glm_emu64 logits --gpu -m "$d" --ids 1,2 -o "$OUT/x.bin" >/dev/null 2>"$OUT/err3"; rc=$?
+if [ $rc -eq 1 ] && grep -q "^glm: error: --gpu: no GPU found" "$OUT/err3"; then ok "--gpu without a GPU: one error line"
+else bad "--gpu without a GPU" "rc $rc: $(cat "$OUT/err3")"; fi
+"$CPU" logits --gpu -m "$d" --ids 1,2 -o "$OUT/x.bin" >/dev/null 2>"$OUT/err4"; rc=$?
+if [ $rc -eq 1 ] && [ "$(wc -l <"$OUT/err4")" -eq 1 ] && grep -q "built without GPU support" "$OUT/err4"; then ok "CPU build refuses --gpu in one line"
+else bad "CPU build --gpu" "rc $rc: $(cat "$OUT/err4")"; fi
+
+# --- compile checks for the real targets -------------------------------------------------------------
+# (not repeated in the sanitizer pass of make test-asan: they do not involve the CPU build)
+if [ -n "${SAN:-}" ]; then echo "NOTE compile checks: run by the plain pass (make test), not under SAN=1"
+else
+    bash tests/gpu_compile_check.sh >"$OUT/compile.log" 2>&1
+    count "$OUT/compile.log" "compile checks"
+fi
+
+echo "($(( $(date +%s) - t_start )) s)"
+echo "$pass passed, $fail failed"
+[ "$fail" -eq 0 ]

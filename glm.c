@@ -920,7 +920,7 @@ static float *g_row_scratch;      /* [g_threads][g_scratch_cols] */
 static int g_scratch_cols;
 static double g_bytes_read;       /* weight + cache bytes touched, for GB/s reports */
 static double g_flops;            /* floating-point operations (2 per multiply-add), for FLOP/s reports */
-static float *g_x_split;          /* [g_scratch_cols] MXFP4 activation order, see split_even_odd */
+static float *g_x_split;          /* [g_threads][g_scratch_cols] MXFP4 activation order, see split_even_odd */
 static float *g_panel;            /* [g_threads][65][g_scratch_cols] prefill: a 32-row k-major panel, its 32 rows, a spare row */
 static int g_prefill_bf16;        /* --prefill-bf16: prefill products with bf16 inputs (2x the FMA rate, ~1e-3 error) */
 static uint16_t *g_x_bf16;        /* [cap][g_scratch_cols + 1] activations rounded to bf16 for that mode */
@@ -931,14 +931,17 @@ static void scratch_init(int max_cols) {
 #endif
     g_scratch_cols = max_cols;
     g_row_scratch = xmalloc((size_t)g_threads * (size_t)max_cols * sizeof(float));
-    g_x_split = xmalloc((size_t)max_cols * sizeof(float));
+    g_x_split = xmalloc((size_t)g_threads * max_cols * sizeof(float));
     g_panel = xcalloc((size_t)g_threads * 65 * (size_t)max_cols, sizeof(float));
     g_x_bf16 = xcalloc((size_t)64 * (max_cols + 1), sizeof(uint16_t)); /* 64 = the chunk size of RunState */
 }
 
+/* Which thread of the outermost team we are: products called from inside a
+ * parallel loop run serially (nested regions are inactive) but must still use
+ * their own thread's scratch. */
 static int thread_id(void) {
 #ifdef _OPENMP
-    return omp_get_thread_num();
+    return omp_get_level() >= 1 ? omp_get_ancestor_thread_num(1) : 0;
 #else
     return 0;
 #endif
@@ -1037,12 +1040,15 @@ static void split_even_odd(float *xs, const float *x, int n) {
 
 /* y[t*ldy + i] = Σ_k x[t*ldx + k] · W[r0+i][k] for rows i in [0, nr), tokens t in [0, n). */
 static void matmul_rows(float *y, int ldy, const float *x, int ldx, const Mat *W, int r0, int nr, int n) {
+#pragma omp atomic
     g_bytes_read += (double)W->bytes * nr / W->rows;
+#pragma omp atomic
     g_flops += 2.0 * nr * W->cols * n;
     /* threads only pay off when there is real work: a tiny product runs on one */
     const int parallel = (double)nr * W->cols * (n < 8 ? n : 8) > 65536;
     if (n == 1 && kernels.matvec) { /* each thread takes one contiguous run of rows */
-        if (W->fmt == WF_MXFP4) split_even_odd(g_x_split, x, W->cols);
+        float *xs = g_x_split + (size_t)thread_id() * g_scratch_cols;
+        if (W->fmt == WF_MXFP4) split_even_odd(xs, x, W->cols);
 #pragma omp parallel if (parallel)
         {
             int nt = 1, id = 0;
@@ -1050,7 +1056,7 @@ static void matmul_rows(float *y, int ldy, const float *x, int ldx, const Mat *W
             nt = omp_get_num_threads(); id = omp_get_thread_num();
 #endif
             int per = ((nr + nt - 1) / nt + 3) & ~3, lo = id * per, hi = lo + per < nr ? lo + per : nr;
-            if (lo < hi) kernels.matvec(W, r0 + lo, hi - lo, x, g_x_split, y + lo);
+            if (lo < hi) kernels.matvec(W, r0 + lo, hi - lo, x, xs, y + lo);
         }
         return;
     }
@@ -1186,10 +1192,11 @@ static void runstate_init(RunState *s, const Config *c, int cap, int ctx) {
     s->ex_idx = xmalloc(B * c->n_active * sizeof(int));
     s->ex_w = xmalloc(B * c->n_active * sizeof(float));
     s->ex_tokens = xmalloc(B * sizeof(int));
+    size_t rows = B > (size_t)c->n_active + 1 ? B : (size_t)c->n_active + 1; /* decode runs n_active+1 experts at once */
     s->ex_x = xmalloc(B * c->hidden * sizeof(float));
-    s->ex_y = xmalloc(B * c->hidden * sizeof(float));
-    s->h1 = xmalloc(B * ffn * sizeof(float));
-    s->h2 = xmalloc(B * ffn * sizeof(float));
+    s->ex_y = xmalloc(rows * c->hidden * sizeof(float));
+    s->h1 = xmalloc(rows * ffn * sizeof(float));
+    s->h2 = xmalloc(rows * ffn * sizeof(float));
     s->logits = xmalloc(B * c->vocab_size * sizeof(float));
 }
 
@@ -1400,7 +1407,9 @@ static void mla_attend_absorbed(const Model *m, const Layer *L, const KVCache *k
         g_flops += 2.0 * NH * s->n_sel[t] * (AD + KR);
     }
 
-    /* un-absorb: o_heads[t][h] = W_UV[h] · o_lat[t][h] */
+    /* un-absorb: o_heads[t][h] = W_UV[h] · o_lat[t][h]; for one token the heads are
+     * shared out between threads (one parallel loop instead of NH small ones) */
+#pragma omp parallel for schedule(static) if (n == 1)
     for (int h = 0; h < NH; h++)
         matmul_rows(s->o_heads + (size_t)h * DV, NH * DV, s->o_lat + (size_t)h * KR, NH * KR, &L->kv_b, h * (DN + DV) + DN, DV, n);
 }
@@ -1432,12 +1441,12 @@ static void attention(const Model *m, const Layer *L, KVCache *kv, RunState *s, 
 /* --- feed-forward ------------------------------------------------------- */
 
 /* SwiGLU MLP on n rows of x: y = W_down · (SiLU(W_gate·x) ⊙ (W_up·x)). */
-static void swiglu(float *y, const float *x, const Mat *gate, const Mat *up, const Mat *down, RunState *s, int n) {
-    matmul(s->h1, x, gate, n);
-    matmul(s->h2, x, up, n);
+static void swiglu(float *y, const float *x, const Mat *gate, const Mat *up, const Mat *down, float *h1, float *h2, int n) {
+    matmul(h1, x, gate, n);
+    matmul(h2, x, up, n);
     size_t m = (size_t)n * gate->rows;
-    for (size_t i = 0; i < m; i++) s->h1[i] = silu(s->h1[i]) * s->h2[i];
-    matmul(y, s->h1, down, n);
+    for (size_t i = 0; i < m; i++) h1[i] = silu(h1[i]) * h2[i];
+    matmul(y, h1, down, n);
 }
 
 /* Router (§3.7): fp32 sigmoid scores; the correction bias and group limit decide
@@ -1475,11 +1484,24 @@ static void moe_route(const Config *c, const float *logits, const float *bias, i
  * tokens that chose it (its weights are read once per chunk), plus the shared expert. */
 static void moe(const Model *m, const Layer *L, RunState *s, const float *x, float *y, int n) {
     const Config *c = &m->cfg;
-    const int H = c->hidden, A = c->n_active;
+    const int H = c->hidden, A = c->n_active, F = c->moe_inter;
     matmul(s->router, x, &L->router, n);
     for (int t = 0; t < n; t++) moe_route(c, s->router + (size_t)t * c->n_experts, L->router_bias, s->ex_idx + (size_t)t * A, s->ex_w + (size_t)t * A);
 
-    if (c->n_shared) swiglu(y, x, &L->sh_gate, &L->sh_up, &L->sh_down, s, n); /* unscaled (pitfall 8) */
+    if (n == 1) { /* decode: the chosen experts and the shared one run side by side, one per thread */
+        const size_t slot = (size_t)F * (c->n_shared > 1 ? c->n_shared : 1); /* hidden width of one job */
+#pragma omp parallel for schedule(dynamic, 1)
+        for (int k = 0; k <= A; k++) {
+            float *h1 = s->h1 + k * slot, *h2 = s->h2 + k * slot;
+            if (k < A) { int e = s->ex_idx[k]; swiglu(s->ex_y + (size_t)k * H, x, &L->ex_gate[e], &L->ex_up[e], &L->ex_down[e], h1, h2, 1); }
+            else if (c->n_shared) swiglu(y, x, &L->sh_gate, &L->sh_up, &L->sh_down, h1, h2, 1); /* unscaled (pitfall 8) */
+            else memset(y, 0, (size_t)H * sizeof(float));
+        }
+        for (int k = 0; k < A; k++)
+            for (int j = 0; j < H; j++) y[j] += s->ex_w[k] * s->ex_y[(size_t)k * H + j];
+        return;
+    }
+    if (c->n_shared) swiglu(y, x, &L->sh_gate, &L->sh_up, &L->sh_down, s->h1, s->h2, n); /* unscaled (pitfall 8) */
     else memset(y, 0, (size_t)n * H * sizeof(float));
     for (int e = 0; e < c->n_experts; e++) {
         int cnt = 0;
@@ -1491,7 +1513,7 @@ static void moe(const Model *m, const Layer *L, RunState *s, const float *x, flo
                     cnt++;
                 }
         if (!cnt) continue;
-        swiglu(s->ex_y, s->ex_x, &L->ex_gate[e], &L->ex_up[e], &L->ex_down[e], s, cnt);
+        swiglu(s->ex_y, s->ex_x, &L->ex_gate[e], &L->ex_up[e], &L->ex_down[e], s->h1, s->h2, cnt);
         for (int i = 0; i < cnt; i++) {
             int t = s->ex_tokens[i] / A;
             float w = s->ex_w[s->ex_tokens[i]];
@@ -1532,7 +1554,7 @@ static void forward(const Model *m, KVCache *kv, RunState *s, const int *tokens,
             attention(m, L, kv, s, l, B, pos0);
             for (size_t i = 0; i < (size_t)B * H; i++) s->x[i] += s->out[i];
             for (int t = 0; t < B; t++) rmsnorm(s->a + (size_t)t * H, s->x + (size_t)t * H, L->post_norm, H, c->rms_eps);
-            if (c->dense[l]) swiglu(s->out, s->a, &L->gate, &L->up, &L->down, s, B);
+            if (c->dense[l]) swiglu(s->out, s->a, &L->gate, &L->up, &L->down, s->h1, s->h2, B);
             else moe(m, L, s, s->a, s->out, B);
             for (size_t i = 0; i < (size_t)B * H; i++) s->x[i] += s->out[i];
         }

@@ -84,7 +84,7 @@ fi
 for f in merge-order ignore-merges; do
     run "$OUT/tok_test" "$T/toy/$f.json" parity "$T/toy/strings.jsonl" "$T/toy/$f-ids.jsonl"
 done
-for f in $T/toy/bad-*.json; do
+for f in "$T"/toy/bad-*.json; do
     "$OUT/tok_cli" tokenize --tokenizer "$f" x > /dev/null 2> "$OUT/err"
     rc=$?
     check "refuses $(basename "$f") with one error line naming it" \

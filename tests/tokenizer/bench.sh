@@ -22,6 +22,7 @@ for input in corpus prose; do
     c=$("$tmp/tok_bench" "$TOK" "$tmp/$input.jsonl" "$REPEAT" 5)
     r=$(node bench.cjs "$TOK" "$tmp/$input.jsonl" "$REPEAT")
     r1=$(TOKENIZERS_PARALLELISM=false node bench.cjs "$TOK" "$tmp/$input.jsonl" "$REPEAT")
+    # shellcheck disable=SC2016
     node -e '
       const [name, c, r, r1] = process.argv.slice(1); const C = JSON.parse(c), R = JSON.parse(r), R1 = JSON.parse(r1);
       const mb = (b, s) => (b / s / 1e6).toFixed(1);

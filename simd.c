@@ -10,7 +10,7 @@
  *   BF16   a bf16 is the top half of an fp32: zero-extend and shift by 16.
  *   FP8    E4M3 -> fp32 by bit placement: sign to bit 31, the 7 magnitude bits to
  *          bits 26..20. That float is the E4M3 value times 2^-120, subnormals
- *          included, so one multiply by 2^120 makes it exact.
+ *          included, so one multiply by 2^120 makes it exact (and normal).
  *   MXFP4  the 16 E2M1 values fit one 512-bit register: vpermps looks up 16 nibbles
  *          at once. x is pre-split per 32-block into its 16 even and 16 odd
  *          elements to match the low/high nibbles of the packed bytes.
@@ -38,10 +38,13 @@ AVX512 static inline __m512 bf16x16_masked(const uint16_t *p, __mmask16 m) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p)), 16));
 }
 
-/* E4M3 bytes -> fp32 values times 2^-120 (see the header comment). */
-AVX512 static inline __m512 fp8x16_scaled(__m128i bytes) {
+/* E4M3 bytes -> fp32 values (see the header comment). The bit-placed float is the
+ * value times 2^-120 and may be an fp32 subnormal; multiplying by 2^120 at once keeps
+ * every later product normal (subnormal arithmetic is slow on some CPUs). */
+AVX512 static inline __m512 fp8x16(__m128i bytes) {
     __m512i d = _mm512_cvtepi8_epi32(bytes);
-    return _mm512_castsi512_ps(_mm512_and_si512(_mm512_slli_epi32(d, 20), _mm512_set1_epi32((int)0x87F00000u)));
+    __m512 tiny = _mm512_castsi512_ps(_mm512_and_si512(_mm512_slli_epi32(d, 20), _mm512_set1_epi32((int)0x87F00000u)));
+    return _mm512_mul_ps(tiny, _mm512_set1_ps(0x1p120f));
 }
 
 AVX512 static float dot_f32_avx512(const float *a, const float *b, int n) {
@@ -124,7 +127,6 @@ AVX512 static void matvec_avx512(const Mat *W, int r0, int nr, const float *x, c
     }
     case WF_FP8: {
         const int nb = (n + 127) / 128;
-        const __m512 two120 = _mm512_set1_ps(0x1p120f);
         for (; i < nr; i += 4) { /* four rows (fewer at the end), two FMA chains each */
             int rows = nr - i < 4 ? nr - i : 4;
             const uint8_t *w[4];
@@ -143,19 +145,18 @@ AVX512 static void matvec_avx512(const Mat *W, int r0, int nr, const float *x, c
                 for (; k + 32 <= end; k += 32) {
                     __m512 x0 = _mm512_loadu_ps(x + k), x1 = _mm512_loadu_ps(x + k + 16);
                     for (int j = 0; j < 4; j++) {
-                        a[2 * j] = _mm512_fmadd_ps(fp8x16_scaled(_mm_loadu_si128((const __m128i *)(w[j] + k))), x0, a[2 * j]);
-                        a[2 * j + 1] = _mm512_fmadd_ps(fp8x16_scaled(_mm_loadu_si128((const __m128i *)(w[j] + k + 16))), x1, a[2 * j + 1]);
+                        a[2 * j] = _mm512_fmadd_ps(fp8x16(_mm_loadu_si128((const __m128i *)(w[j] + k))), x0, a[2 * j]);
+                        a[2 * j + 1] = _mm512_fmadd_ps(fp8x16(_mm_loadu_si128((const __m128i *)(w[j] + k + 16))), x1, a[2 * j + 1]);
                     }
                 }
                 for (; k < end; k += 16) {
                     __mmask16 m = end - k >= 16 ? 0xFFFF : (__mmask16)((1u << (end - k)) - 1);
                     __m512 x0 = _mm512_maskz_loadu_ps(m, x + k);
                     for (int j = 0; j < 4; j++)
-                        a[2 * j] = _mm512_fmadd_ps(fp8x16_scaled(_mm_maskz_loadu_epi8(m, w[j] + k)), x0, a[2 * j]);
+                        a[2 * j] = _mm512_fmadd_ps(fp8x16(_mm_maskz_loadu_epi8(m, w[j] + k)), x0, a[2 * j]);
                 }
-                /* x 2^120 is exact; the subnormal-range floats above were exact too */
                 for (int j = 0; j < 4; j++)
-                    total[j] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_add_ps(a[2 * j], a[2 * j + 1]), two120), _mm512_set1_ps(scale[j][b]), total[j]);
+                    total[j] = _mm512_fmadd_ps(_mm512_add_ps(a[2 * j], a[2 * j + 1]), _mm512_set1_ps(scale[j][b]), total[j]);
             }
             for (int j = 0; j < rows; j++) y[i + j] = _mm512_reduce_add_ps(total[j]);
         }
@@ -218,8 +219,7 @@ AVX512 static void dequant_row_avx512(const Mat *W, int r, float *out) {
         const float *scale = W->fp8_scale + (size_t)(r / 128) * ((n + 127) / 128);
         for (; k < n; k += 16) {
             __mmask16 m = n - k >= 16 ? 0xFFFF : (__mmask16)((1u << (n - k)) - 1);
-            __m512 v = _mm512_mul_ps(fp8x16_scaled(_mm_maskz_loadu_epi8(m, w + k)), _mm512_set1_ps(0x1p120f));
-            _mm512_mask_storeu_ps(out + k, m, _mm512_mul_ps(v, _mm512_set1_ps(scale[k / 128])));
+            _mm512_mask_storeu_ps(out + k, m, _mm512_mul_ps(fp8x16(_mm_maskz_loadu_epi8(m, w + k)), _mm512_set1_ps(scale[k / 128])));
         }
         return;
     }
@@ -412,9 +412,10 @@ AVX2 static inline __m256 bf16x8(const uint16_t *p) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
 }
 
-AVX2 static inline __m256 fp8x8_scaled(const uint8_t *p) { /* times 2^-120, as fp8x16_scaled */
+AVX2 static inline __m256 fp8x8(const uint8_t *p) { /* as fp8x16 */
     __m256i d = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p));
-    return _mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32(d, 20), _mm256_set1_epi32((int)0x87F00000u)));
+    __m256 tiny = _mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32(d, 20), _mm256_set1_epi32((int)0x87F00000u)));
+    return _mm256_mul_ps(tiny, _mm256_set1_ps(0x1p120f));
 }
 
 AVX2 static inline __m256 e2m1x8(__m256i nib, __m256 lut8) { /* nib: 4-bit codes in 32-bit lanes */
@@ -468,11 +469,11 @@ AVX2 static float row_dot_avx2(const Mat *W, int r, const float *x, const float 
             a0 = a1 = _mm256_setzero_ps();
             float part = 0.0f;
             for (k = b * 128; k + 16 <= end; k += 16) {
-                a0 = _mm256_fmadd_ps(fp8x8_scaled(w + k), _mm256_loadu_ps(x + k), a0);
-                a1 = _mm256_fmadd_ps(fp8x8_scaled(w + k + 8), _mm256_loadu_ps(x + k + 8), a1);
+                a0 = _mm256_fmadd_ps(fp8x8(w + k), _mm256_loadu_ps(x + k), a0);
+                a1 = _mm256_fmadd_ps(fp8x8(w + k + 8), _mm256_loadu_ps(x + k + 8), a1);
             }
             for (; k < end; k++) part += fp8_table[w[k]] * x[k];
-            sum += (hsum8(_mm256_add_ps(a0, a1)) * 0x1p120f + part) * scale[b];
+            sum += (hsum8(_mm256_add_ps(a0, a1)) + part) * scale[b];
         }
         return sum;
     }

@@ -110,7 +110,8 @@ extern "C" {
 
 #define BLOCK 256        /* threads per block everywhere: 4 waves of 64 or 8 warps of 32 */
 #define MAX_WAVES (BLOCK / 32)
-#define GEMV_ROWS 8      /* matrix rows per block in the matrix-vector kernels */
+#define GEMV_ROWS 32     /* matrix rows per block in the matrix-vector kernels */
+#define GEMV_GROUP 4     /* decode: rows a wave works on together, sharing each x chunk */
 #define GEMV_MAXN 8      /* up to this many tokens share one pass over the weights; more: tiled */
 #define TM 64            /* tiled matrix product: rows x tokens x depth per tile */
 #define TN 32
@@ -254,6 +255,67 @@ __device__ int block_exclusive_scan(int v, int *total) {
  * mat_dequant_row(). `z` batches independent products (the per-head un-absorb).
  */
 
+/* One token (decode): a wave takes GEMV_GROUP rows at a time, so each chunk of x it
+ * loads serves several rows and the loads of those rows' weights are in flight
+ * together. Per row the sum runs exactly as in gemv_rows below (same chunks, same
+ * order, same wave sum), so both give the same bits. */
+__device__ void gemv_rows1(const DMat &W, const float *x, float *y, int r0, int nr) {
+    const int lane = threadIdx.x % WAVE, nw = blockDim.x / WAVE, cols = W.cols;
+    const int end = (int)((blockIdx.x + 1) * GEMV_ROWS) < nr ? (int)((blockIdx.x + 1) * GEMV_ROWS) : nr;
+    for (int i0 = blockIdx.x * GEMV_ROWS + (threadIdx.x / WAVE) * GEMV_GROUP; i0 < end; i0 += nw * GEMV_GROUP) {
+        const int nrow = end - i0 < GEMV_GROUP ? end - i0 : GEMV_GROUP;
+        float acc[GEMV_GROUP];
+        UNROLL for (int j = 0; j < GEMV_GROUP; j++) acc[j] = 0.0f;
+        if (W.fmt == WF_MXFP4) {
+            for (int b = lane; b < cols / 32; b += WAVE) {
+                float xb[32];
+                UNROLL for (int k = 0; k < 32; k++) xb[k] = x[b * 32 + k];
+                UNROLL for (int j = 0; j < GEMV_GROUP; j++) if (j < nrow) {
+                    const size_t r = (size_t)(r0 + i0 + j);
+                    uint4 q = ((const uint4 *)(W.w + r * (cols / 2)))[b];
+                    uint32_t word[4] = {q.x, q.y, q.z, q.w};
+                    float s = e8m0_f32(W.mx_scale[r * (cols / 32) + b]), part = 0.0f;
+                    UNROLL for (int k = 0; k < 32; k++) part += e2m1_f32((word[k / 8] >> (4 * (k % 8))) & 15) * xb[k];
+                    acc[j] += part * s;
+                }
+            }
+        } else if (W.fmt == WF_BF16 && cols % 8 == 0) {
+            for (int c = lane; c < cols / 8; c += WAVE) {
+                float xb[8];
+                UNROLL for (int k = 0; k < 8; k++) xb[k] = x[c * 8 + k];
+                UNROLL for (int j = 0; j < GEMV_GROUP; j++) if (j < nrow) {
+                    uint4 q = ((const uint4 *)(W.w + (size_t)(r0 + i0 + j) * cols * 2))[c];
+                    uint32_t word[4] = {q.x, q.y, q.z, q.w};
+                    UNROLL for (int k = 0; k < 8; k++) acc[j] += bf16_f32((word[k / 2] >> (16 * (k % 2))) & 0xffff) * xb[k];
+                }
+            }
+        } else if (W.fmt == WF_FP8 && cols % 16 == 0) {
+            for (int c = lane; c < cols / 16; c += WAVE) {
+                float xb[16];
+                UNROLL for (int k = 0; k < 16; k++) xb[k] = x[c * 16 + k];
+                UNROLL for (int j = 0; j < GEMV_GROUP; j++) if (j < nrow) {
+                    const int r = r0 + i0 + j;
+                    uint4 q = ((const uint4 *)(W.w + (size_t)r * cols))[c];
+                    uint32_t word[4] = {q.x, q.y, q.z, q.w};
+                    float s = W.fp8_scale[(size_t)(r / 128) * ((cols + 127) / 128) + c * 16 / 128], part = 0.0f;
+                    UNROLL for (int k = 0; k < 16; k++) part += fp8_f32((word[k / 4] >> (8 * (k % 4))) & 0xff) * xb[k];
+                    acc[j] += part * s;
+                }
+            }
+        } else {
+            for (int k = lane; k < cols; k += WAVE) {
+                float xv = x[k];
+                UNROLL for (int j = 0; j < GEMV_GROUP; j++) if (j < nrow) acc[j] += mat_elem(W, r0 + i0 + j, k) * xv;
+            }
+        }
+        UNROLL for (int j = 0; j < GEMV_GROUP; j++) {
+            float s = wave_sum(acc[j]);
+            if (lane == 0 && j < nrow) y[i0 + j] = s;
+        }
+    }
+}
+
+/* Up to GEMV_MAXN tokens: one wave per row, the row's weights decoded once for all tokens. */
 template <int NT>
 __device__ void gemv_rows(const DMat &W, const float *x, int ldx, float *y, int ldy, int r0, int nr, int n) {
     const int lane = threadIdx.x % WAVE, nw = blockDim.x / WAVE, cols = W.cols;
@@ -320,7 +382,8 @@ __device__ void gemv_rows(const DMat &W, const float *x, int ldx, float *y, int 
 
 __global__ void __launch_bounds__(BLOCK) k_gemv1(DMat W, const float *x, int ldx, float *y, int ldy, int r0, int nr, int zr, int zx, int zy) {
     int z = blockIdx.z;
-    gemv_rows<1>(W, x + (size_t)z * zx, ldx, y + (size_t)z * zy, ldy, r0 + z * zr, nr, 1);
+    gemv_rows1(W, x + (size_t)z * zx, y + (size_t)z * zy, r0 + z * zr, nr);
+    (void)ldx; (void)ldy;
 }
 
 __global__ void __launch_bounds__(BLOCK) k_gemvn(DMat W, const float *x, int ldx, float *y, int ldy, int r0, int nr, int n, int zr, int zx, int zy) {
@@ -333,7 +396,7 @@ __global__ void __launch_bounds__(BLOCK) k_gemvn(DMat W, const float *x, int ldx
 __global__ void __launch_bounds__(BLOCK) k_gemv_experts(const DMat *table, const int *idx, const float *x, int ldx, int x_div, float *y, int ldy, int nr) {
     int slot = blockIdx.y;
     DMat W = table[idx[slot]];
-    gemv_rows<1>(W, x + (size_t)(slot / x_div) * ldx, ldx, y + (size_t)slot * ldy, ldy, 0, nr, 1);
+    gemv_rows1(W, x + (size_t)(slot / x_div) * ldx, y + (size_t)slot * ldy, 0, nr);
 }
 
 __global__ void __launch_bounds__(BLOCK) k_gemm(DMat W, const float *x, int ldx, float *y, int ldy, int r0, int nr, int n, int zr, int zx, int zy) {

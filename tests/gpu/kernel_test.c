@@ -349,7 +349,7 @@ static void test_blocks(const char *dir) {
             }
             fill_n(a, (size_t)n * H, 1.0f);
             memcpy(s.a, a, (size_t)n * H * 4);
-            if (c->dense[l]) swiglu(s.out, s.a, &L->gate, &L->up, &L->down, &s, n);
+            if (c->dense[l]) swiglu(s.out, s.a, &L->gate, &L->up, &L->down, s.h1, s.h2, n);
             else moe(&m, L, &s, s.a, s.out, n);
             gpuk_mlp(g, l, a, n, out);
             e = rel_rows(s.out, out, n, H);
@@ -369,8 +369,90 @@ static void test_blocks(const char *dir) {
     model_free(&m);
 }
 
+/* --compare REF GOT V TOL: two float32 [n][V] logits files; relative L2 per position
+ * and argmax. For tests/gpu_check.sh, which must not need Python on the GPU machine. */
+static int compare_files(const char *ref_path, const char *got_path, int V, double tol) {
+    size_t na, nb;
+    char *a = read_file(ref_path, &na), *b = read_file(got_path, &nb);
+    if (!a || !b || na != nb || na == 0 || na % ((size_t)V * 4)) { printf("FAIL compare %s %s: missing or different sizes\n", ref_path, got_path); return 1; }
+    int n = (int)(na / ((size_t)V * 4)), argmax_bad = 0;
+    double worst = 0;
+    for (int t = 0; t < n; t++) {
+        const float *x = (const float *)a + (size_t)t * V, *y = (const float *)b + (size_t)t * V;
+        double e = rel_rows(x, y, 1, V);
+        if (e > worst) worst = e;
+        argmax_bad += argmax(x, V) != argmax(y, V);
+    }
+    int ok = worst <= tol && !argmax_bad;
+    printf("%s max rel L2 %.2e over %d positions, argmax differs at %d\n", ok ? "ok" : "bad", worst, n, argmax_bad);
+    free(a); free(b);
+    return !ok;
+}
+
+/* Bytes one decode step reads: every matrix of attention and the dense MLP, the router,
+ * the shared expert, n_active routed experts (of average size), lm_head, one embedding
+ * row. This over cache copy bandwidth is the fastest a decode step can be. */
+static double decode_bytes(const Model *m) {
+    const Config *c = &m->cfg;
+    double b = (double)m->lm_head.bytes + (double)m->embed.bytes / m->embed.rows;
+    for (int l = 0; l < c->n_layers; l++) {
+        const Layer *L = &m->layers[l];
+        const Mat *all[] = {&L->q_a, &L->q_b, &L->kv_a, &L->kv_b, &L->o, &L->ix_wq_b, &L->ix_wk, &L->ix_weights,
+                            &L->gate, &L->up, &L->down, &L->router, &L->sh_gate, &L->sh_up, &L->sh_down};
+        for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) b += (double)all[i]->bytes;
+        if (!c->dense[l]) {
+            double ex = 0;
+            for (int e = 0; e < c->n_experts; e++) ex += (double)L->ex_gate[e].bytes + L->ex_up[e].bytes + L->ex_down[e].bytes;
+            b += ex / c->n_experts * c->n_active;
+        }
+    }
+    return b;
+}
+
+double gpuk_time_gemv(const Mat *W, int iters);
+double gpuk_copy_bandwidth(size_t bytes, int iters);
+
+/* --bench [DIR]: device copy bandwidth, the decode matrix-vector product at GLM-5.2's
+ * width (MXFP4 and BF16, 6144 inputs, far larger than any cache), and decode steps on
+ * the checkpoint in DIR (glm synth). Prints "BENCH key value" lines. */
+static int bench(const char *dir) {
+    double copy = gpuk_copy_bandwidth(getenv("GPU_BENCH_ROWS") ? (size_t)1 << 24 : (size_t)1 << 30, 20);
+    printf("BENCH copy_GBps %.1f\n", copy / 1e9);
+    for (int f = WF_BF16; f <= WF_MXFP4; f += WF_MXFP4 - WF_BF16) {
+        int rows = f == WF_MXFP4 ? 131072 : 32768, cols = 6144;
+        if (getenv("GPU_BENCH_ROWS")) rows = atoi(getenv("GPU_BENCH_ROWS")); /* to try the bench under the emulation */
+        TMat t = make_mat((WeightFormat)f, rows, cols);
+        double sec = gpuk_time_gemv(&t.W, 50);
+        printf("BENCH gemv_%s_GBps %.1f\nBENCH gemv_%s_us %.1f\nBENCH gemv_%s_MB %.1f\n", fmt_name[f], t.W.bytes / sec / 1e9, fmt_name[f], sec * 1e6,
+               fmt_name[f], t.W.bytes / 1e6);
+        free_mat(&t);
+    }
+    if (!dir) return 0;
+    Model m;
+    model_load(&m, dir);
+    GpuModel *g = gpu_load(&m, 1, 256);
+    int prompt[16];
+    for (int i = 0; i < 16; i++) prompt[i] = (int)(rnd32() % (uint32_t)m.cfg.vocab_size);
+    gpu_forward(g, 0, prompt, 16, NULL, 0);
+    int tok = gpu_sample(g, 0.0f, 1.0f, 0.0f), steps = 32;
+    gpu_forward(g, 16, &tok, 1, NULL, 0); /* warm-up */
+    tok = gpu_sample(g, 0.0f, 1.0f, 0.0f);
+    double t0 = now_s();
+    for (int i = 0; i < steps; i++) {
+        gpu_forward(g, 17 + i, &tok, 1, NULL, 0);
+        tok = gpu_sample(g, 0.0f, 1.0f, 0.0f); /* returns the token: the step is finished */
+    }
+    double sec = (now_s() - t0) / steps, bytes = decode_bytes(&m);
+    printf("BENCH decode_ms %.3f\nBENCH decode_MB %.1f\nBENCH decode_GBps %.1f\nBENCH decode_layers %d\n", sec * 1e3, bytes / 1e6, bytes / sec / 1e9, m.cfg.n_layers);
+    gpu_free(g);
+    model_free(&m);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     number_tables_init();
+    if (argc == 6 && !strcmp(argv[1], "--compare")) return compare_files(argv[2], argv[3], atoi(argv[4]), atof(argv[5]));
+    if (argc >= 2 && !strcmp(argv[1], "--bench")) return bench(argc > 2 ? argv[2] : NULL);
     kernels_init(getenv("GLM_KERNELS"));
     if (getenv("GPU_KTEST_TOL")) g_tol = atof(getenv("GPU_KTEST_TOL"));
     scratch_init(2048);

@@ -110,9 +110,9 @@ copy=$(val copy_GBps); mx=$(val gemv_mxfp4_GBps); bf=$(val gemv_bf16_GBps); dec=
 pct() { awk -v a="$1" -v b="$2" 'BEGIN { if (a == "" || b == "" || b == 0) print "?"; else printf "%.0f", 100 * a / b }'; }
 row "device copy bandwidth (read + write)" "${copy:-?} GB/s" "reference"
 p=$(pct "$mx" "$copy")
-row "MXFP4 matvec [131072 x 6144], $(val gemv_mxfp4_MB) MB" "${mx:-?} GB/s, $(val gemv_mxfp4_us) us" "$p% of copy (target >= 75%)"
+row "MXFP4 matvec [$(val gemv_mxfp4_shape)], $(val gemv_mxfp4_MB) MB" "${mx:-?} GB/s, $(val gemv_mxfp4_us) us" "$p% of copy (target >= 75%)"
 if [ "$p" != "?" ] && [ "$p" -ge 75 ]; then ok "MXFP4 matvec at $p% of copy bandwidth"; else bad "MXFP4 matvec" "$p% of copy bandwidth (target 75%)"; fi
-row "BF16 matvec [32768 x 6144], $(val gemv_bf16_MB) MB" "${bf:-?} GB/s, $(val gemv_bf16_us) us" "$(pct "$bf" "$copy")% of copy"
+row "BF16 matvec [$(val gemv_bf16_shape)], $(val gemv_bf16_MB) MB" "${bf:-?} GB/s, $(val gemv_bf16_us) us" "$(pct "$bf" "$copy")% of copy"
 p=$(pct "$dec" "$copy")
 row "decode step, $(val decode_layers) layers, $(val decode_MB) MB/token" "$(val decode_ms) ms, ${dec:-?} GB/s" "$p% of bytes/token limit (>= 50%)"
 if [ "$p" != "?" ] && [ "$p" -ge 50 ]; then ok "decode step at $p% of the bytes-per-token limit"; else bad "decode step" "$p% of the bytes-per-token limit (target 50%)"; fi

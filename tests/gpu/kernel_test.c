@@ -423,8 +423,8 @@ static int bench(const char *dir) {
         if (getenv("GPU_BENCH_ROWS")) rows = atoi(getenv("GPU_BENCH_ROWS")); /* to try the bench under the emulation */
         TMat t = make_mat((WeightFormat)f, rows, cols);
         double sec = gpuk_time_gemv(&t.W, 50);
-        printf("BENCH gemv_%s_GBps %.1f\nBENCH gemv_%s_us %.1f\nBENCH gemv_%s_MB %.1f\n", fmt_name[f], t.W.bytes / sec / 1e9, fmt_name[f], sec * 1e6,
-               fmt_name[f], t.W.bytes / 1e6);
+        printf("BENCH gemv_%s_GBps %.1f\nBENCH gemv_%s_us %.1f\nBENCH gemv_%s_MB %.1f\nBENCH gemv_%s_shape %dx%d\n", fmt_name[f], t.W.bytes / sec / 1e9,
+               fmt_name[f], sec * 1e6, fmt_name[f], t.W.bytes / 1e6, fmt_name[f], rows, cols);
         free_mat(&t);
     }
     if (!dir) return 0;

@@ -50,7 +50,8 @@ for arch in gfx942 gfx950; do
         bad "clang-22 $arch" "clang-22 not found (apt-get install clang-22 lld-22, bookworm-security)"
         continue
     fi
-    if "$CLANG22" -x hip -std=c++17 -O3 --offload-arch=$arch --offload-device-only -nogpulib -D__AMDGCN_WAVEFRONT_SIZE=64 \
+    extra=; [ $arch = gfx950 ] && extra=-DGLM_FP4_CVT   # gfx950 also compiles the hardware FP4 conversion path
+    if "$CLANG22" -x hip -std=c++17 -O3 --offload-arch=$arch --offload-device-only -nogpulib -D__AMDGCN_WAVEFRONT_SIZE=64 $extra \
            -Wall -Wextra -Werror -S -o "$OUT/dev_$arch.s" glm_hip.hip >"$OUT/clang_$arch.log" 2>&1 &&
        "$CLANG22" -target amdgcn-amd-amdhsa -mcpu=$arch -c "$OUT/dev_$arch.s" -o "$OUT/dev_$arch.o" >>"$OUT/clang_$arch.log" 2>&1; then
         n=$(grep -c '^_Z[0-9]*k_[A-Za-z0-9_]*:' "$OUT/dev_$arch.s")

@@ -127,38 +127,41 @@ AVX512 static void matvec_avx512(const Mat *W, int r0, int nr, const float *x, c
     }
     case WF_FP8: {
         const int nb = (n + 127) / 128;
-        for (; i < nr; i += 4) { /* four rows (fewer at the end), two FMA chains each */
+        for (; i < nr; i += 4) { /* four rows (the last group may repeat a row), two FMA chains each */
             int rows = nr - i < 4 ? nr - i : 4;
-            const uint8_t *w[4];
-            const float *scale[4];
-            __m512 total[4];
-            for (int j = 0; j < 4; j++) {
-                int r = r0 + i + (j < rows ? j : 0); /* extra lanes redo row 0, results dropped */
-                w[j] = W->w + (size_t)r * n;
-                scale[j] = W->fp8_scale + (size_t)(r / 128) * nb;
-                total[j] = _mm512_setzero_ps();
-            }
+            const int r_0 = r0 + i, r_1 = r0 + i + (rows > 1), r_2 = r0 + i + 2 * (rows > 2), r_3 = r0 + i + 3 * (rows > 3);
+            const uint8_t *w0 = W->w + (size_t)r_0 * n, *w1 = W->w + (size_t)r_1 * n, *w2 = W->w + (size_t)r_2 * n, *w3 = W->w + (size_t)r_3 * n;
+            const float *s0 = W->fp8_scale + (size_t)(r_0 / 128) * nb, *s1 = W->fp8_scale + (size_t)(r_1 / 128) * nb;
+            const float *s2 = W->fp8_scale + (size_t)(r_2 / 128) * nb, *s3 = W->fp8_scale + (size_t)(r_3 / 128) * nb;
+            __m512 t0 = _mm512_setzero_ps(), t1 = t0, t2 = t0, t3 = t0;
             for (int b = 0; b < nb; b++) {
-                __m512 a[8];
-                for (int j = 0; j < 8; j++) a[j] = _mm512_setzero_ps();
+                __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
                 int end = b * 128 + 128 < n ? b * 128 + 128 : n, k = b * 128;
                 for (; k + 32 <= end; k += 32) {
                     __m512 x0 = _mm512_loadu_ps(x + k), x1 = _mm512_loadu_ps(x + k + 16);
-                    for (int j = 0; j < 4; j++) {
-                        a[2 * j] = _mm512_fmadd_ps(fp8x16(_mm_loadu_si128((const __m128i *)(w[j] + k))), x0, a[2 * j]);
-                        a[2 * j + 1] = _mm512_fmadd_ps(fp8x16(_mm_loadu_si128((const __m128i *)(w[j] + k + 16))), x1, a[2 * j + 1]);
-                    }
+#define FP8_AT(p, o) fp8x16(_mm_loadu_si128((const __m128i *)((p) + k + (o))))
+                    a0 = _mm512_fmadd_ps(FP8_AT(w0, 0), x0, a0); b0 = _mm512_fmadd_ps(FP8_AT(w0, 16), x1, b0);
+                    a1 = _mm512_fmadd_ps(FP8_AT(w1, 0), x0, a1); b1 = _mm512_fmadd_ps(FP8_AT(w1, 16), x1, b1);
+                    a2 = _mm512_fmadd_ps(FP8_AT(w2, 0), x0, a2); b2 = _mm512_fmadd_ps(FP8_AT(w2, 16), x1, b2);
+                    a3 = _mm512_fmadd_ps(FP8_AT(w3, 0), x0, a3); b3 = _mm512_fmadd_ps(FP8_AT(w3, 16), x1, b3);
+#undef FP8_AT
                 }
                 for (; k < end; k += 16) {
                     __mmask16 m = end - k >= 16 ? 0xFFFF : (__mmask16)((1u << (end - k)) - 1);
                     __m512 x0 = _mm512_maskz_loadu_ps(m, x + k);
-                    for (int j = 0; j < 4; j++)
-                        a[2 * j] = _mm512_fmadd_ps(fp8x16(_mm_maskz_loadu_epi8(m, w[j] + k)), x0, a[2 * j]);
+                    a0 = _mm512_fmadd_ps(fp8x16(_mm_maskz_loadu_epi8(m, w0 + k)), x0, a0);
+                    a1 = _mm512_fmadd_ps(fp8x16(_mm_maskz_loadu_epi8(m, w1 + k)), x0, a1);
+                    a2 = _mm512_fmadd_ps(fp8x16(_mm_maskz_loadu_epi8(m, w2 + k)), x0, a2);
+                    a3 = _mm512_fmadd_ps(fp8x16(_mm_maskz_loadu_epi8(m, w3 + k)), x0, a3);
                 }
-                for (int j = 0; j < 4; j++)
-                    total[j] = _mm512_fmadd_ps(_mm512_add_ps(a[2 * j], a[2 * j + 1]), _mm512_set1_ps(scale[j][b]), total[j]);
+                /* one multiplier per 128x128 block */
+                t0 = _mm512_fmadd_ps(_mm512_add_ps(a0, b0), _mm512_set1_ps(s0[b]), t0);
+                t1 = _mm512_fmadd_ps(_mm512_add_ps(a1, b1), _mm512_set1_ps(s1[b]), t1);
+                t2 = _mm512_fmadd_ps(_mm512_add_ps(a2, b2), _mm512_set1_ps(s2[b]), t2);
+                t3 = _mm512_fmadd_ps(_mm512_add_ps(a3, b3), _mm512_set1_ps(s3[b]), t3);
             }
-            for (int j = 0; j < rows; j++) y[i + j] = _mm512_reduce_add_ps(total[j]);
+            float out[4] = {_mm512_reduce_add_ps(t0), _mm512_reduce_add_ps(t1), _mm512_reduce_add_ps(t2), _mm512_reduce_add_ps(t3)};
+            for (int j = 0; j < rows; j++) y[i + j] = out[j];
         }
         return;
     }

@@ -30,7 +30,7 @@ rm -rf "$OUT"; mkdir -p "$OUT"
 t_start=$(date +%s)
 
 # --- builds -------------------------------------------------------------------------------
-if ! make -s glm glm_emu64 glm_emu32 build/gpu_ktest64 build/gpu_ktest32 >"$OUT/build.log" 2>&1; then
+if ! make -s -j"$(nproc)" glm glm_emu64 glm_emu32 build/gpu_ktest64 build/gpu_ktest32 >"$OUT/build.log" 2>&1; then
     bad "build glm_emu64 / glm_emu32 / kernel tests" "$(tail -n 20 "$OUT/build.log")"
     echo "$pass passed, $fail failed"; exit 1
 fi

@@ -1109,7 +1109,9 @@ extern "C" GpuModel *gpu_load(const Model *m, int n_gpus, int ctx) {
         CHECK(hipMemGetInfo(&free_b, &total_b));
         hipDeviceProp_t prop;
         CHECK(hipGetDeviceProperties(&prop, d));
-        int ok = need <= free_b;
+        /* keep some room for the runtime's own allocations (code objects, launch queues) */
+        size_t margin = total_b / 64 < ((size_t)512 << 20) ? total_b / 64 : ((size_t)512 << 20);
+        int ok = need + margin <= free_b;
         fits &= ok;
         fprintf(stderr, "  device %d (%s): layers %d-%d%s%s: weights %.3f GB + KV cache %.3f GB + scratch %.3f GB = %.3f GB of %.3f GB free%s\n",
                 d, prop.name, D->l0, D->l1 - 1, d == 0 ? " + embedding" : "", d == n_gpus - 1 ? " + lm_head" : "", wbytes / 1e9, kv / 1e9,

@@ -247,9 +247,9 @@ __device__ int block_exclusive_scan(int v, int *total) {
 /* ======================================================================== */
 /* 3. matrix products (glm.c §5): y[t][i] = Σ_k x[t][k] · W[r0+i][k]          */
 /*
- * Decode (n <= GEMV_MAXN tokens): one wave per row, lanes stride over 16-byte chunks
- * of the row (one MXFP4 block, 8 BF16, 16 FP8 values), so each weight byte is read
- * once for all n tokens; a wave sum finishes the row. Prefill (more tokens): a tiled
+ * Few tokens (n <= GEMV_MAXN, decode): waves own rows, lanes stride over 16-byte
+ * chunks of a row (one MXFP4 block, 8 BF16, 16 FP8 values), so each weight byte is
+ * read once for all n tokens; a wave sum finishes the row. Prefill (more tokens): a tiled
  * product, TM rows x TN tokens per block, with the tile of W dequantized into shared
  * memory; its sums run over k in order, exactly as glm.c's dot() after
  * mat_dequant_row(). `z` batches independent products (the per-head un-absorb).

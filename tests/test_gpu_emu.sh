@@ -84,6 +84,11 @@ d=$OUT/mxfp4; V=$(vocab "$d")
 "$CPU" logits -m "$d" --ids $SHORT -o "$d/cpu_short.bin" 2>/dev/null
 ./glm_emu32 logits --gpu -m "$d" --ids $SHORT -o "$d/gpu_short.bin" 2>/dev/null || bad "glm_emu32 short prefill" "failed"
 compare "forward mxfp4 wave 32, 5-token prefill vs CPU" "$d/cpu_short.bin" "$d/gpu_short.bin" "$V"
+LONG=$(seq -s, 1 7 490 | cut -d, -f1-70)                    # 70 tokens: two chunks of the 64-token scratch
+d=$OUT/mixed
+"$CPU" logits -m "$d" --ids "$LONG" --ctx 100 -o "$d/cpu_long.bin" 2>/dev/null
+./glm_emu32 logits --gpus 2 -m "$d" --ids "$LONG" --ctx 100 -o "$d/gpu_long.bin" 2>/dev/null || bad "glm_emu32 70-token prefill" "failed"
+compare "forward mixed wave 32, 70 tokens in two chunks on 2 GPUs vs CPU" "$d/cpu_long.bin" "$d/gpu_long.bin" "$V"
 
 # --- several GPUs: the layer split must not change a bit -------------------------------------------
 for m in mixed ngroup; do

@@ -916,6 +916,11 @@ void model_free(Model *m) {
  */
 
 static int g_threads = 1;
+/* Below this much work (multiply-adds, counting at most 8 tokens) a product runs on
+ * one thread: waking the others costs more. GLM_PARALLEL_MIN=0 makes every product
+ * parallel, which the tests use to catch races on tiny models. */
+static double g_parallel_min = 65536;
+
 static float *g_row_scratch;      /* [g_threads][g_scratch_cols] */
 static int g_scratch_cols;
 static double g_bytes_read;       /* weight + cache bytes touched, for GB/s reports */
@@ -928,7 +933,10 @@ static uint16_t *g_x_bf16;        /* [cap][g_scratch_cols + 1] activations round
 static void scratch_init(int max_cols) {
 #ifdef _OPENMP
     g_threads = omp_get_max_threads();
+    omp_set_max_active_levels(1); /* thread_id() relies on a single active level */
 #endif
+    const char *pm = getenv("GLM_PARALLEL_MIN");
+    if (pm && *pm) g_parallel_min = atof(pm);
     g_scratch_cols = max_cols;
     g_row_scratch = xmalloc((size_t)g_threads * (size_t)max_cols * sizeof(float));
     g_x_split = xmalloc((size_t)g_threads * max_cols * sizeof(float));
@@ -936,15 +944,16 @@ static void scratch_init(int max_cols) {
     g_x_bf16 = xcalloc((size_t)64 * (max_cols + 1), sizeof(uint16_t)); /* 64 = the chunk size of RunState */
 }
 
-/* Which thread of the outermost team we are: products called from inside a
- * parallel loop run serially (nested regions are inactive) but must still use
- * their own thread's scratch. */
+/* Which thread we are in the one active parallel region (nesting is limited to one
+ * active level): products called from inside a parallel loop run serially, products
+ * called from a loop that did not go parallel run in parallel, and either way each
+ * thread must find its own scratch. */
 static int thread_id(void) {
 #ifdef _OPENMP
-    return omp_get_level() >= 1 ? omp_get_ancestor_thread_num(1) : 0;
-#else
-    return 0;
+    for (int level = omp_get_level(); level >= 1; level--)
+        if (omp_get_team_size(level) > 1) return omp_get_ancestor_thread_num(level);
 #endif
+    return 0;
 }
 
 /* Dot of row r of W with x[cols]: the plain C reference for each format. */
@@ -1045,7 +1054,7 @@ static void matmul_rows(float *y, int ldy, const float *x, int ldx, const Mat *W
 #pragma omp atomic
     g_flops += 2.0 * nr * W->cols * n;
     /* threads only pay off when there is real work: a tiny product runs on one */
-    const int parallel = (double)nr * W->cols * (n < 8 ? n : 8) > 65536;
+    const int parallel = (double)nr * W->cols * (n < 8 ? n : 8) > g_parallel_min;
     if (n == 1 && kernels.matvec) { /* each thread takes one contiguous run of rows */
         float *xs = g_x_split + (size_t)thread_id() * g_scratch_cols;
         if (W->fmt == WF_MXFP4) split_even_odd(xs, x, W->cols);

@@ -273,12 +273,20 @@ AVX512 static double fma_peak_avx512(void) {
     float sink = 0.0f;
 #pragma omp parallel reduction(+ : sink)
     {
-        __m512 m = _mm512_set1_ps(0.9999999f), c = _mm512_set1_ps(1e-7f), acc[12];
-        for (int j = 0; j < 12; j++) acc[j] = _mm512_set1_ps((float)j);
-        for (long i = 0; i < iters; i++)
-            for (int j = 0; j < 12; j++) acc[j] = _mm512_fmadd_ps(acc[j], m, c);
-        for (int j = 1; j < 12; j++) acc[0] = _mm512_add_ps(acc[0], acc[j]);
-        sink += _mm512_reduce_add_ps(acc[0]);
+        /* named variables, not an array: the compiler keeps them in registers */
+        const __m512 m = _mm512_set1_ps(0.9999999f), c = _mm512_set1_ps(1e-7f);
+        __m512 a0 = _mm512_set1_ps(0), a1 = _mm512_set1_ps(1), a2 = _mm512_set1_ps(2), a3 = _mm512_set1_ps(3);
+        __m512 a4 = _mm512_set1_ps(4), a5 = _mm512_set1_ps(5), a6 = _mm512_set1_ps(6), a7 = _mm512_set1_ps(7);
+        __m512 a8 = _mm512_set1_ps(8), a9 = _mm512_set1_ps(9), a10 = _mm512_set1_ps(10), a11 = _mm512_set1_ps(11);
+        for (long i = 0; i < iters; i++) {
+            a0 = _mm512_fmadd_ps(a0, m, c); a1 = _mm512_fmadd_ps(a1, m, c); a2 = _mm512_fmadd_ps(a2, m, c);
+            a3 = _mm512_fmadd_ps(a3, m, c); a4 = _mm512_fmadd_ps(a4, m, c); a5 = _mm512_fmadd_ps(a5, m, c);
+            a6 = _mm512_fmadd_ps(a6, m, c); a7 = _mm512_fmadd_ps(a7, m, c); a8 = _mm512_fmadd_ps(a8, m, c);
+            a9 = _mm512_fmadd_ps(a9, m, c); a10 = _mm512_fmadd_ps(a10, m, c); a11 = _mm512_fmadd_ps(a11, m, c);
+        }
+        __m512 s = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)), _mm512_add_ps(_mm512_add_ps(a4, a5), _mm512_add_ps(a6, a7)));
+        s = _mm512_add_ps(s, _mm512_add_ps(_mm512_add_ps(a8, a9), _mm512_add_ps(a10, a11)));
+        sink += _mm512_reduce_add_ps(s);
     }
     double dt = now_s() - t0;
     int threads = 1;

@@ -915,6 +915,11 @@ void model_free(Model *m) {
  * weight byte is read once per batch.
  */
 
+/* Prompts run in chunks of this many tokens: each weight panel is dequantized once
+ * per chunk, so larger chunks amortize it better; activations take ~0.6 MB per
+ * token of chunk at GLM-5.2's widths. */
+#define PREFILL_CHUNK 256
+
 static int g_threads = 1;
 /* Below this much work (multiply-adds, counting at most 8 tokens) a product runs on
  * one thread: waking the others costs more. GLM_PARALLEL_MIN=0 makes every product
@@ -941,7 +946,7 @@ static void scratch_init(int max_cols) {
     g_row_scratch = xmalloc((size_t)g_threads * (size_t)max_cols * sizeof(float));
     g_x_split = xmalloc((size_t)g_threads * max_cols * sizeof(float));
     g_panel = xcalloc((size_t)g_threads * 65 * (size_t)max_cols, sizeof(float));
-    g_x_bf16 = xcalloc((size_t)64 * (max_cols + 1), sizeof(uint16_t)); /* 64 = the chunk size of RunState */
+    g_x_bf16 = xcalloc((size_t)PREFILL_CHUNK * (max_cols + 1), sizeof(uint16_t));
 }
 
 /* Which thread we are in the one active parallel region (nesting is limited to one
@@ -1172,7 +1177,7 @@ typedef struct {
     float *ex_x;             /* [cap][H] gathered inputs of one expert */
     float *ex_y;             /* [cap][H] its outputs */
     float *h1, *h2;          /* [cap][max(FD, n_shared*FI)] SwiGLU hidden */
-    float *logits;           /* [cap][V] */
+    float *logits;           /* [V] the last token's logits (bench, compare scratch) */
 } RunState;
 
 static void runstate_init(RunState *s, const Config *c, int cap, int ctx) {
@@ -1206,7 +1211,7 @@ static void runstate_init(RunState *s, const Config *c, int cap, int ctx) {
     s->ex_y = xmalloc(rows * c->hidden * sizeof(float));
     s->h1 = xmalloc(rows * ffn * sizeof(float));
     s->h2 = xmalloc(rows * ffn * sizeof(float));
-    s->logits = xmalloc(B * c->vocab_size * sizeof(float));
+    s->logits = xmalloc((size_t)c->vocab_size * sizeof(float));
 }
 
 static void runstate_free(RunState *s) {
@@ -1803,7 +1808,7 @@ static void session_open(Session *S, const Args *a, int n_prompt) {
     model_load(&S->model, a->model_dir);
     scratch_init(max_cols(&S->model.cfg));
     kvcache_init(&S->kv, &S->model, ctx);
-    runstate_init(&S->state, &S->model.cfg, ctx < 64 ? ctx : 64, ctx);
+    runstate_init(&S->state, &S->model.cfg, ctx < PREFILL_CHUNK ? ctx : PREFILL_CHUNK, ctx);
     fprintf(stderr, "glm: %s: %d layers, %.2f GB of weights in %d shard(s), loaded in %.2f s; KV cache %d tokens x %zu bytes = %.1f MiB; %d threads, %s kernels\n",
             a->model_dir, S->model.cfg.n_layers, S->model.weight_bytes / 1e9, S->model.ck.n_shards, now_s() - t0, ctx,
             kvcache_bytes(&S->model, 1), kvcache_bytes(&S->model, ctx) / 1048576.0, g_threads, kernels.name);

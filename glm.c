@@ -1089,19 +1089,28 @@ static void matmul_rows(float *y, int ldy, const float *x, int ldx, const Mat *W
         }
 #pragma omp parallel if (parallel)
         {
-            float *row = g_panel + (size_t)thread_id() * 65 * g_scratch_cols + (size_t)64 * g_scratch_cols;
-            uint16_t *panel = (uint16_t *)(g_panel + (size_t)thread_id() * 65 * g_scratch_cols); /* [K2/2][32][2] */
+            float *panel = g_panel + (size_t)thread_id() * 65 * g_scratch_cols, *rows = panel + (size_t)32 * g_scratch_cols;
+            uint16_t *pairs = (uint16_t *)rows; /* [K2/2][32][2], written after the rows are consumed */
 #pragma omp for schedule(dynamic, 1)
             for (int rb = 0; rb < nr; rb += 32) {
                 int nj = nr - rb < 32 ? nr - rb : 32;
-                for (int j = 0; j < nj; j++) {
-                    mat_dequant_row(W, r0 + rb + j, row);
-                    for (int k = 0; k < K; k++) panel[(size_t)(k / 2) * 64 + 2 * j + (k & 1)] = f32_to_bf16(row[k]);
-                    if (K2 > K) panel[(size_t)(K / 2) * 64 + 2 * j + 1] = 0;
+                for (int j = 0; j < nj; j++) mat_dequant_row(W, r0 + rb + j, rows + (size_t)j * K);
+                for (int j = nj; j < 32; j++) memset(rows + (size_t)j * K, 0, (size_t)K * sizeof(float));
+                int k0 = 0;
+                if (kernels.pack_panel && kernels.pack_bf16_pairs) { /* SIMD transposes, then SIMD rounding */
+                    kernels.pack_panel(rows, K, K, panel);
+                    k0 = K & ~15;
                 }
+                for (int j = 0; j < 32; j++)
+                    for (int k = k0; k < K; k++) panel[(size_t)k * 32 + j] = rows[(size_t)j * K + k];
+                if (K2 > K) memset(panel + (size_t)K * 32, 0, 32 * sizeof(float));
+                if (kernels.pack_bf16_pairs) kernels.pack_bf16_pairs(panel, K2, pairs);
+                else
+                    for (int k = 0; k < K2; k++)
+                        for (int j = 0; j < 32; j++) pairs[(size_t)(k / 2) * 64 + 2 * j + (k & 1)] = f32_to_bf16(panel[(size_t)k * 32 + j]);
                 for (int t = 0; t < n; t++) memset(y + (size_t)t * ldy + rb, 0, (size_t)nj * sizeof(float));
-                for (int k0 = 0; k0 < K2; k0 += KC)
-                    kernels.gemm_panel_bf16(panel + (size_t)k0 * 32, K2 - k0 < KC ? K2 - k0 : KC, g_x_bf16 + k0, K2, n, y + rb, ldy, nj);
+                for (int k0b = 0; k0b < K2; k0b += KC)
+                    kernels.gemm_panel_bf16(pairs + (size_t)k0b * 32, K2 - k0b < KC ? K2 - k0b : KC, g_x_bf16 + k0b, K2, n, y + rb, ldy, nj);
             }
         }
         return;

@@ -220,6 +220,8 @@ typedef struct {
     void (*gemm_panel_bf16)(const uint16_t *P, int K, const uint16_t *X, int ldx, int n, float *Y, int ldy, int nj);
     /* P[k*32 + j] = rows[j*ld + k], j < 32, k < K rounded down to 16: build a panel */
     void (*pack_panel)(const float *rows, int ld, int K, float *P);
+    /* P2[(k/2)*64 + 2j + (k&1)] = bf16(P[k*32 + j]), K even: a panel for gemm_panel_bf16 */
+    void (*pack_bf16_pairs)(const float *P, int K, uint16_t *P2);
     float (*dot)(const float *a, const float *b, int n);
     void (*axpy)(float *y, float a, const float *x, int n);   /* y += a·x */
     /* machine measurements for glm bench (never NULL) */

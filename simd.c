@@ -397,6 +397,20 @@ GEMM_TILE_BF16(12)
 GEMM_TILE_BF16(4)
 GEMM_TILE_BF16(1)
 
+/* P2[(k/2)*64 + 2j + (k&1)] = bf16(P[k*32 + j]): a k-major fp32 panel (from
+ * pack_panel) to the pair layout of the bf16 micro-kernel, K even, round to nearest
+ * even (denormals flush to zero in this instruction; they do not occur in practice). */
+BF16 static void pack_bf16_pairs_avx512(const float *P, int K, uint16_t *P2) {
+    const __m512i inter = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
+                                           23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    for (int k = 0; k < K; k += 2)
+        for (int h = 0; h < 2; h++) { /* rows 0..15, then 16..31 */
+            __m512 a = _mm512_loadu_ps(P + (size_t)k * 32 + 16 * h), b = _mm512_loadu_ps(P + (size_t)(k + 1) * 32 + 16 * h);
+            __m512i ab = (__m512i)_mm512_cvtne2ps_pbh(b, a); /* a0..a15, b0..b15 */
+            _mm512_storeu_si512(P2 + (size_t)k * 32 + 32 * h, _mm512_permutexvar_epi16(inter, ab));
+        }
+}
+
 BF16 static void gemm_panel_bf16_avx512(const uint16_t *P, int K, const uint16_t *X, int ldx, int n, float *Y, int ldy, int nj) {
     __mmask16 m0 = nj >= 16 ? 0xFFFF : (__mmask16)((1u << nj) - 1);
     __mmask16 m1 = nj >= 32 ? 0xFFFF : nj > 16 ? (__mmask16)((1u << (nj - 16)) - 1) : 0;
@@ -552,23 +566,27 @@ static double fma_peak_plain(void) {
 }
 
 /* The kernel table glm.c calls through. NULL entries mean "use the plain C loop". */
-Kernels kernels = {"plain C", NULL, NULL, NULL, NULL, NULL, NULL, NULL, read_bandwidth_plain, fma_peak_plain};
+Kernels kernels = {"plain C", NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, read_bandwidth_plain, fma_peak_plain};
 
 void kernels_init(const char *want) {
-    Kernels plain = {"plain C", NULL, NULL, NULL, NULL, NULL, NULL, NULL, read_bandwidth_plain, fma_peak_plain};
+    Kernels plain = {"plain C", NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, read_bandwidth_plain, fma_peak_plain};
     kernels = plain;
     if (want && !strcmp(want, "c")) return;
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
-        Kernels k = {"AVX2", matvec_avx2, NULL, NULL, NULL, NULL, dot_f32_avx2, axpy_f32_avx2, read_bandwidth_plain, fma_peak_plain};
+        Kernels k = {"AVX2", matvec_avx2, NULL, NULL, NULL, NULL, NULL, dot_f32_avx2, axpy_f32_avx2, read_bandwidth_plain, fma_peak_plain};
         kernels = k;
     }
     if (want && !strcmp(want, "avx2")) return; /* GLM_KERNELS=avx2: test the AVX2 set on an AVX-512 machine */
     if (cpu_has_avx512()) {
-        Kernels k = {"AVX-512", matvec_avx512, dequant_row_avx512, gemm_panel_avx512, NULL, pack_panel_avx512, dot_f32_avx512,
-                     axpy_f32_avx512, read_bandwidth_avx512, fma_peak_avx512};
-        if (__builtin_cpu_supports("avx512bf16")) { k.name = "AVX-512 (+BF16)"; k.gemm_panel_bf16 = gemm_panel_bf16_avx512; }
+        Kernels k = {"AVX-512", matvec_avx512, dequant_row_avx512, gemm_panel_avx512, NULL, pack_panel_avx512, NULL,
+                     dot_f32_avx512, axpy_f32_avx512, read_bandwidth_avx512, fma_peak_avx512};
+        if (__builtin_cpu_supports("avx512bf16")) {
+            k.name = "AVX-512 (+BF16)";
+            k.gemm_panel_bf16 = gemm_panel_bf16_avx512;
+            k.pack_bf16_pairs = pack_bf16_pairs_avx512;
+        }
         kernels = k;
     }
 #endif

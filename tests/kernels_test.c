@@ -140,6 +140,18 @@ static int test_set(const char *want) {
         check(what, bad == 0, bad);
         free(rows); free(P);
     }
+    /* the bf16 pair packing: round to nearest even like f32_to_bf16 */
+    if (simd.pack_bf16_pairs) {
+        int K = 96;
+        float *P = malloc((size_t)K * 32 * 4);
+        uint16_t *P2 = malloc((size_t)K * 32 * 2);
+        for (int i = 0; i < K * 32; i++) P[i] = rndf() * (float)(1 << (rnd() % 20));
+        simd.pack_bf16_pairs(P, K, P2);
+        int bad = 0;
+        for (int k = 0; k < K; k++) for (int j = 0; j < 32; j++) bad += P2[(k / 2) * 64 + 2 * j + (k & 1)] != f32_to_bf16(P[k * 32 + j]);
+        check("pack_bf16_pairs", bad == 0, bad);
+        free(P); free(P2);
+    }
     /* the bf16 micro-kernel: exact products of bf16 inputs, fp32 sums */
     for (int c = 0; c < 6 && simd.gemm_panel_bf16; c++) {
         int n = gemm_cases[c][0], K = (gemm_cases[c][1] + 1) & ~1, nj = gemm_cases[c][2], ldx = K + 4, ldy = nj + 5;

@@ -358,9 +358,11 @@ AVX512 static void pack_panel_avx512(const float *rows, int ld, int K, float *P)
     }
 }
 
+/* Lanes of a 16-row half of a panel that hold real rows (nj may be past 16 or below 0). */
+static inline __mmask16 row_mask(int nj) { return nj >= 16 ? 0xFFFF : nj <= 0 ? 0 : (__mmask16)((1u << nj) - 1); }
+
 AVX512 static void gemm_panel_avx512(const float *P, int K, const float *X, int ldx, int n, float *Y, int ldy, int nj) {
-    __mmask16 m0 = nj >= 16 ? 0xFFFF : (__mmask16)((1u << nj) - 1);
-    __mmask16 m1 = nj >= 32 ? 0xFFFF : nj > 16 ? (__mmask16)((1u << (nj - 16)) - 1) : 0;
+    __mmask16 m0 = row_mask(nj), m1 = row_mask(nj - 16);
     int t = 0;
     for (; t + 12 <= n; t += 12) gemm_tile12(P, K, X + (size_t)t * ldx, ldx, Y + (size_t)t * ldy, ldy, m0, m1);
     for (; t + 4 <= n; t += 4) gemm_tile4(P, K, X + (size_t)t * ldx, ldx, Y + (size_t)t * ldy, ldy, m0, m1);
@@ -412,8 +414,7 @@ BF16 static void pack_bf16_pairs_avx512(const float *P, int K, uint16_t *P2) {
 }
 
 BF16 static void gemm_panel_bf16_avx512(const uint16_t *P, int K, const uint16_t *X, int ldx, int n, float *Y, int ldy, int nj) {
-    __mmask16 m0 = nj >= 16 ? 0xFFFF : (__mmask16)((1u << nj) - 1);
-    __mmask16 m1 = nj >= 32 ? 0xFFFF : nj > 16 ? (__mmask16)((1u << (nj - 16)) - 1) : 0;
+    __mmask16 m0 = row_mask(nj), m1 = row_mask(nj - 16);
     int t = 0;
     for (; t + 12 <= n; t += 12) gemm_bf16_tile12(P, K, X + (size_t)t * ldx, ldx, Y + (size_t)t * ldy, ldy, m0, m1);
     for (; t + 4 <= n; t += 4) gemm_bf16_tile4(P, K, X + (size_t)t * ldx, ldx, Y + (size_t)t * ldy, ldy, m0, m1);

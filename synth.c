@@ -270,7 +270,7 @@ int synth_main(int argc, char **argv) {
     for (int i = 0; i < global.n; i++) total += global.t[i].nbytes;
     for (int l = 0; l < layers; l++) for (int i = 0; i < lay[l].n; i++) total += lay[l].t[i].nbytes;
     double t0 = now_s();
-    snprintf(path, sizeof path, "%s/model.safetensors.index.json", out);
+    snprintf(path, sizeof path, "%s/model.safetensors.index.json.partial", out); /* renamed when complete */
     FILE *ix = fopen(path, "w");
     if (!ix) glm_fatal("%s: cannot create: %s", path, strerror(errno));
     fprintf(ix, "{\n  \"metadata\": {\"total_size\": %zu},\n  \"weight_map\": {", total);
@@ -285,6 +285,9 @@ int synth_main(int argc, char **argv) {
     }
     fprintf(ix, "\n  }\n}\n");
     if (fclose(ix) != 0) glm_fatal("%s: write failed", path);
+    char final_path[4096];
+    snprintf(final_path, sizeof final_path, "%s/model.safetensors.index.json", out);
+    if (rename(path, final_path) != 0) glm_fatal("%s: rename failed: %s", final_path, strerror(errno));
     free(lay);
     if (tokenizer) { /* copy the tokenizer so the folder is a complete model */
         snprintf(path, sizeof path, "%s/tokenizer.json", out);

@@ -35,8 +35,11 @@ else
 fi
 
 # nvcc, sm_90
+# (the CUDA toolkit is not a Debian main package: CI, whose machines have it, sets
+#  GLM_REQUIRE_NVCC=1 so a missing nvcc fails there; elsewhere it is reported and left out)
 if [ ! -x "$NVCC" ] && ! command -v "$NVCC" >/dev/null; then
-    bad "nvcc sm_90" "nvcc not found (CUDA toolkit at /usr/local/cuda)"
+    if [ "${GLM_REQUIRE_NVCC:-0}" = 1 ]; then bad "nvcc sm_90" "nvcc not found (CUDA toolkit at /usr/local/cuda)"
+    else echo "NOT RUN nvcc sm_90: nvcc not found (set NVCC=...; CI requires it)"; fi
 elif rm -f build/cuda/glm_hip.o glm_cuda &&
      make -s glm_cuda NVCC="$NVCC" CUDA_ARCH=sm_90 NVFLAGS="-O3 -Werror all-warnings -Xcompiler -Wall,-Wextra,-Werror" >"$OUT/nvcc.log" 2>&1; then
     ok "nvcc $("$NVCC" --version | grep -o 'release [0-9.]*') sm_90 (-Werror), linked ./glm_cuda"

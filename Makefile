@@ -91,7 +91,7 @@ emu: glm_emu$(WARP)
 # without OpenMP (the loader checks are serial; clang's outlined omp regions would lack
 # simd.c's target attributes). json.c uses a small first arena block (faster, and it
 # exercises block growth). make fuzz does not touch glm / glm_asan.
-FUZZCC    ?= clang
+FUZZCC    ?= $(shell command -v clang-14 >/dev/null 2>&1 && echo clang-14 || echo clang)
 FUZZFLAGS  = -std=c11 -Wall -Wextra -g -O1 -fno-omit-frame-pointer -fsanitize=fuzzer,address,undefined \
              -fno-sanitize-recover=undefined -DJSON_FIRST_BLOCK=4096
 FUZZ_BINS  = fuzz/bin/fuzz_json fuzz/bin/fuzz_checkpoint fuzz/bin/fuzz_tokenizer_load fuzz/bin/fuzz_encode

@@ -257,49 +257,62 @@ AVX512 static void dequant_row_avx512(const Mat *W, int r, float *out) {
     }
 }
 
-/* Streaming read of buf[0..n) by every thread (each its own slice): bytes/s. */
-AVX512 static double read_bandwidth_avx512(const uint8_t *buf, size_t n) {
+/* Streaming read of buf[lo..hi) (one thread's slice of the bandwidth measurement). The
+ * parallel regions live in functions without a target attribute: clang does not carry
+ * the attribute into OpenMP's outlined functions. */
+AVX512 static long long read_slice_avx512(const uint8_t *buf, size_t lo, size_t hi) {
+    __m512i a = _mm512_setzero_si512(), b = a, c = a, d = a;
+    for (size_t i = lo; i < hi; i += 256) {
+        a = _mm512_add_epi64(a, _mm512_load_si512(buf + i));
+        b = _mm512_add_epi64(b, _mm512_load_si512(buf + i + 64));
+        c = _mm512_add_epi64(c, _mm512_load_si512(buf + i + 128));
+        d = _mm512_add_epi64(d, _mm512_load_si512(buf + i + 192));
+    }
+    return _mm512_reduce_add_epi64(_mm512_add_epi64(_mm512_add_epi64(a, b), _mm512_add_epi64(c, d)));
+}
+
+/* Bytes/s of a streaming read of buf[0..n) (n a multiple of 256, buf 64-byte aligned) by all threads. */
+static double read_bandwidth_avx512(const uint8_t *buf, size_t n) {
     double t0 = now_s();
     long long sink = 0;
 #pragma omp parallel reduction(+ : sink)
     {
-        __m512i a = _mm512_setzero_si512(), b = a, c = a, d = a;
-#pragma omp for schedule(static)
-        for (size_t i = 0; i < n; i += 256) {
-            a = _mm512_add_epi64(a, _mm512_load_si512(buf + i));
-            b = _mm512_add_epi64(b, _mm512_load_si512(buf + i + 64));
-            c = _mm512_add_epi64(c, _mm512_load_si512(buf + i + 128));
-            d = _mm512_add_epi64(d, _mm512_load_si512(buf + i + 192));
-        }
-        sink += _mm512_reduce_add_epi64(_mm512_add_epi64(_mm512_add_epi64(a, b), _mm512_add_epi64(c, d)));
+        size_t nt = 1, id = 0;
+#ifdef _OPENMP
+        nt = (size_t)omp_get_num_threads(); id = (size_t)omp_get_thread_num();
+#endif
+        size_t per = (n / 256 + nt - 1) / nt * 256, lo = id * per, hi = lo + per < n ? lo + per : n;
+        if (lo < hi) sink += read_slice_avx512(buf, lo, hi);
     }
     double dt = now_s() - t0;
     return sink == 42 ? 0.0 : (double)n / dt; /* sink keeps the loads alive */
 }
 
-/* fp32 FMA peak: 12 independent 16-wide FMA chains per thread (enough to cover the
- * latency on current cores), FLOP/s counting 2 per lane per FMA. */
-AVX512 static double fma_peak_avx512(void) {
+/* One thread's part of the FMA peak: 12 independent 16-wide FMA chains (enough to cover
+ * the latency on current cores), named variables so they stay in registers. */
+AVX512 static float fma_chains_avx512(long iters) {
+    const __m512 m = _mm512_set1_ps(0.9999999f), c = _mm512_set1_ps(1e-7f);
+    __m512 a0 = _mm512_set1_ps(0), a1 = _mm512_set1_ps(1), a2 = _mm512_set1_ps(2), a3 = _mm512_set1_ps(3);
+    __m512 a4 = _mm512_set1_ps(4), a5 = _mm512_set1_ps(5), a6 = _mm512_set1_ps(6), a7 = _mm512_set1_ps(7);
+    __m512 a8 = _mm512_set1_ps(8), a9 = _mm512_set1_ps(9), a10 = _mm512_set1_ps(10), a11 = _mm512_set1_ps(11);
+    for (long i = 0; i < iters; i++) {
+        a0 = _mm512_fmadd_ps(a0, m, c); a1 = _mm512_fmadd_ps(a1, m, c); a2 = _mm512_fmadd_ps(a2, m, c);
+        a3 = _mm512_fmadd_ps(a3, m, c); a4 = _mm512_fmadd_ps(a4, m, c); a5 = _mm512_fmadd_ps(a5, m, c);
+        a6 = _mm512_fmadd_ps(a6, m, c); a7 = _mm512_fmadd_ps(a7, m, c); a8 = _mm512_fmadd_ps(a8, m, c);
+        a9 = _mm512_fmadd_ps(a9, m, c); a10 = _mm512_fmadd_ps(a10, m, c); a11 = _mm512_fmadd_ps(a11, m, c);
+    }
+    __m512 s = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)), _mm512_add_ps(_mm512_add_ps(a4, a5), _mm512_add_ps(a6, a7)));
+    s = _mm512_add_ps(s, _mm512_add_ps(_mm512_add_ps(a8, a9), _mm512_add_ps(a10, a11)));
+    return _mm512_reduce_add_ps(s);
+}
+
+/* fp32 FMA peak of all threads, FLOP/s counting 2 per lane per FMA. */
+static double fma_peak_avx512(void) {
     const long iters = 20000000;
     double t0 = now_s();
     float sink = 0.0f;
 #pragma omp parallel reduction(+ : sink)
-    {
-        /* named variables, not an array: the compiler keeps them in registers */
-        const __m512 m = _mm512_set1_ps(0.9999999f), c = _mm512_set1_ps(1e-7f);
-        __m512 a0 = _mm512_set1_ps(0), a1 = _mm512_set1_ps(1), a2 = _mm512_set1_ps(2), a3 = _mm512_set1_ps(3);
-        __m512 a4 = _mm512_set1_ps(4), a5 = _mm512_set1_ps(5), a6 = _mm512_set1_ps(6), a7 = _mm512_set1_ps(7);
-        __m512 a8 = _mm512_set1_ps(8), a9 = _mm512_set1_ps(9), a10 = _mm512_set1_ps(10), a11 = _mm512_set1_ps(11);
-        for (long i = 0; i < iters; i++) {
-            a0 = _mm512_fmadd_ps(a0, m, c); a1 = _mm512_fmadd_ps(a1, m, c); a2 = _mm512_fmadd_ps(a2, m, c);
-            a3 = _mm512_fmadd_ps(a3, m, c); a4 = _mm512_fmadd_ps(a4, m, c); a5 = _mm512_fmadd_ps(a5, m, c);
-            a6 = _mm512_fmadd_ps(a6, m, c); a7 = _mm512_fmadd_ps(a7, m, c); a8 = _mm512_fmadd_ps(a8, m, c);
-            a9 = _mm512_fmadd_ps(a9, m, c); a10 = _mm512_fmadd_ps(a10, m, c); a11 = _mm512_fmadd_ps(a11, m, c);
-        }
-        __m512 s = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)), _mm512_add_ps(_mm512_add_ps(a4, a5), _mm512_add_ps(a6, a7)));
-        s = _mm512_add_ps(s, _mm512_add_ps(_mm512_add_ps(a8, a9), _mm512_add_ps(a10, a11)));
-        sink += _mm512_reduce_add_ps(s);
-    }
+    sink += fma_chains_avx512(iters);
     double dt = now_s() - t0;
     int threads = 1;
 #ifdef _OPENMP

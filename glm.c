@@ -1547,8 +1547,6 @@ static void moe(const Model *m, const Layer *L, RunState *s, const float *x, flo
 
 /* --- the whole model (§3.9) --------------------------------------------- */
 
-/* Runs tokens[0..n) at positions kv->pos.. and appends them to the cache. Writes
- * logits [n][V] if all_logits, else only the last token's [V] (may be NULL). */
 #ifdef GLM_GPU
 /* --gpu: every forward() runs glm_hip.hip's copy of it instead, at the same cache
  * position; sample() then draws on the device from the logits it left there. */
@@ -1556,6 +1554,8 @@ static GpuModel *g_gpu;
 static const float *g_gpu_logits;    /* host copy of the device's last-token logits */
 #endif
 
+/* Runs tokens[0..n) at positions kv->pos.. and appends them to the cache. Writes
+ * logits [n][V] if all_logits, else only the last token's [V] (may be NULL). */
 static void forward(const Model *m, KVCache *kv, RunState *s, const int *tokens, int n, float *logits, int all_logits) {
 #ifdef GLM_GPU
     if (g_gpu) {

@@ -1052,6 +1052,24 @@ static void split_even_odd(float *xs, const float *x, int n) {
         for (int i = 0; i < 16; i++) { xs[32 * b + i] = x[32 * b + 2 * i]; xs[32 * b + 16 + i] = x[32 * b + 2 * i + 1]; }
 }
 
+/* Rows r..r+nj-1 of W (nj <= 32) dequantized into rows[32][cols], then transposed into
+ * the k-major panel[k*32 + j] the prefill micro-kernels stream through; lanes past nj
+ * hold zeros. */
+static void build_panel(const Mat *W, int r, int nj, float *rows, float *panel) {
+    const int K = W->cols;
+    int k0 = 0;
+    for (int j = 0; j < 32; j++) {
+        if (j < nj) mat_dequant_row(W, r + j, rows + (size_t)j * K);
+        else memset(rows + (size_t)j * K, 0, (size_t)K * sizeof(float));
+    }
+    if (kernels.pack_panel) { /* SIMD transposes of whole 16x16 blocks */
+        kernels.pack_panel(rows, K, K, panel);
+        k0 = K & ~15;
+    }
+    for (int j = 0; j < 32; j++)
+        for (int k = k0; k < K; k++) panel[(size_t)k * 32 + j] = rows[(size_t)j * K + k];
+}
+
 /* y[t*ldy + i] = Σ_k x[t*ldx + k] · W[r0+i][k] for rows i in [0, nr), tokens t in [0, n). */
 static void matmul_rows(float *y, int ldy, const float *x, int ldx, const Mat *W, int r0, int nr, int n) {
 #pragma omp atomic
@@ -1094,15 +1112,7 @@ static void matmul_rows(float *y, int ldy, const float *x, int ldx, const Mat *W
 #pragma omp for schedule(dynamic, 1)
             for (int rb = 0; rb < nr; rb += 32) {
                 int nj = nr - rb < 32 ? nr - rb : 32;
-                for (int j = 0; j < nj; j++) mat_dequant_row(W, r0 + rb + j, rows + (size_t)j * K);
-                for (int j = nj; j < 32; j++) memset(rows + (size_t)j * K, 0, (size_t)K * sizeof(float));
-                int k0 = 0;
-                if (kernels.pack_panel && kernels.pack_bf16_pairs) { /* SIMD transposes, then SIMD rounding */
-                    kernels.pack_panel(rows, K, K, panel);
-                    k0 = K & ~15;
-                }
-                for (int j = 0; j < 32; j++)
-                    for (int k = k0; k < K; k++) panel[(size_t)k * 32 + j] = rows[(size_t)j * K + k];
+                build_panel(W, r0 + rb, nj, rows, panel);
                 if (K2 > K) memset(panel + (size_t)K * 32, 0, 32 * sizeof(float));
                 if (kernels.pack_bf16_pairs) kernels.pack_bf16_pairs(panel, K2, pairs);
                 else
@@ -1124,14 +1134,8 @@ static void matmul_rows(float *y, int ldy, const float *x, int ldx, const Mat *W
             float *panel = g_panel + (size_t)thread_id() * 65 * g_scratch_cols, *rows = panel + (size_t)32 * g_scratch_cols;
 #pragma omp for schedule(dynamic, 1)
             for (int rb = 0; rb < nr; rb += 32) {
-                int nj = nr - rb < 32 ? nr - rb : 32, k0 = 0;
-                for (int j = 0; j < nj; j++) mat_dequant_row(W, r0 + rb + j, rows + (size_t)j * K);
-                if (kernels.pack_panel && nj == 32) { /* SIMD transpose of whole 16x16 blocks */
-                    kernels.pack_panel(rows, K, K, panel);
-                    k0 = K & ~15;
-                }
-                for (int j = 0; j < nj; j++)
-                    for (int k = k0; k < K; k++) panel[(size_t)k * 32 + j] = rows[(size_t)j * K + k];
+                int nj = nr - rb < 32 ? nr - rb : 32;
+                build_panel(W, r0 + rb, nj, rows, panel);
                 for (int t = 0; t < n; t++) memset(y + (size_t)t * ldy + rb, 0, (size_t)nj * sizeof(float));
                 for (int k0 = 0; k0 < K; k0 += KC)
                     kernels.gemm_panel(panel + (size_t)k0 * 32, K - k0 < KC ? K - k0 : KC, x + k0, ldx, n, y + rb, ldy, nj);

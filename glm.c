@@ -930,7 +930,7 @@ static float *g_row_scratch;      /* [g_threads][g_scratch_cols] */
 static int g_scratch_cols;
 static double g_bytes_read;       /* weight + cache bytes touched, for GB/s reports */
 static double g_flops;            /* floating-point operations (2 per multiply-add), for FLOP/s reports */
-static float *g_x_split;          /* [g_threads][g_scratch_cols] MXFP4 activation order, see split_even_odd */
+static float *g_x_split;          /* [g_threads][g_scratch_cols] x reordered for the SIMD matvec, see matvec_split_x */
 static float *g_panel;            /* [g_threads][65][g_scratch_cols] prefill: a 32-row k-major panel, its 32 rows, a spare row */
 static int g_prefill_bf16;        /* --prefill-bf16: prefill products with bf16 inputs (2x the FMA rate, ~1e-3 error) */
 static uint16_t *g_x_bf16;        /* [cap][g_scratch_cols + 1] activations rounded to bf16 for that mode */
@@ -1045,13 +1045,6 @@ static void axpy(float *y, float a, const float *x, int n) {
     for (int i = 0; i < n; i++) y[i] += a * x[i];
 }
 
-/* x with each 32-block reordered as its 16 even then 16 odd elements, the order
- * of the low and high nibbles of MXFP4 bytes (for the SIMD kernel). */
-static void split_even_odd(float *xs, const float *x, int n) {
-    for (int b = 0; b < n / 32; b++)
-        for (int i = 0; i < 16; i++) { xs[32 * b + i] = x[32 * b + 2 * i]; xs[32 * b + 16 + i] = x[32 * b + 2 * i + 1]; }
-}
-
 /* Rows r..r+nj-1 of W (nj <= 32) dequantized into rows[32][cols], then transposed into
  * the k-major panel[k*32 + j] the prefill micro-kernels stream through; lanes past nj
  * hold zeros. */
@@ -1080,7 +1073,7 @@ static void matmul_rows(float *y, int ldy, const float *x, int ldx, const Mat *W
     const int parallel = (double)nr * W->cols * (n < 8 ? n : 8) > g_parallel_min;
     if (n == 1 && kernels.matvec) { /* each thread takes one contiguous run of rows */
         float *xs = g_x_split + (size_t)thread_id() * g_scratch_cols;
-        if (W->fmt == WF_MXFP4) split_even_odd(xs, x, W->cols);
+        matvec_split_x(W, x, xs);
 #pragma omp parallel if (parallel)
         {
             int nt = 1, id = 0;

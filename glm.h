@@ -209,8 +209,7 @@ void gpu_free(GpuModel *g);
  * in glm.c, which is the reference every kernel is tested against. */
 typedef struct {
     const char *name;
-    /* y[i] = W[r0+i]·x for i < nr; x_split: x with each 32-block reordered as its 16
-     * even then its 16 odd elements (used for MXFP4) */
+    /* y[i] = W[r0+i]·x for i < nr; x_split: x as matvec_split_x orders it for W */
     void (*matvec)(const Mat *W, int r0, int nr, const float *x, const float *x_split, float *y);
     void (*dequant_row)(const Mat *W, int r, float *out);
     /* Y[t*ldy + j] += Σ_k P[k*32 + j]·X[t*ldx + k], j < nj <= 32, t < n, k < K: the prefill
@@ -229,6 +228,9 @@ typedef struct {
     double (*fma_peak)(void);                                  /* fp32 FLOP/s, all threads */
 } Kernels;
 extern Kernels kernels;
+/* x reordered the way the SIMD matvec reads it for W's format (MXFP4: each 32-block as
+ * its 16 even then 16 odd elements; FP8: the same per 64-block); untouched otherwise */
+void matvec_split_x(const Mat *W, const float *x, float *xs);
 void kernels_init(const char *want);   /* want "c" forces the plain loops, "avx2" the AVX2 set */
 
 /* Commands that live in their own files; argv[0] is the command name. */

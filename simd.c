@@ -8,13 +8,17 @@
  * Decode is memory-bound: a matrix-vector product must turn each weight byte into
  * a float and multiply it faster than memory delivers it. The tricks:
  *   BF16   a bf16 is the top half of an fp32: zero-extend and shift by 16.
- *   FP8    E4M3 -> fp32 by bit placement: sign to bit 31, the 7 magnitude bits to
- *          bits 26..20. That float is the E4M3 value times 2^-120, subnormals
- *          included, so one multiply by 2^120 makes it exact (and normal).
+ *   FP8    E4M3 -> fp16 by bit placement (sign to bit 15, the 7 magnitude bits to
+ *          bits 13..7) is the value times 2^-8, subnormals included; vcvtph2ps
+ *          widens 16 at a time and the 2^8 goes into the block scale. x is
+ *          pre-split per 64-block into evens and odds, the low and high bytes
+ *          of each 16-bit lane. (Odd widths: the same placement into fp32 bits
+ *          26..20 gives the value times 2^-120, fixed by one multiply.)
  *   MXFP4  the 16 E2M1 values fit one 512-bit register: vpermps looks up 16 nibbles
  *          at once. x is pre-split per 32-block into its 16 even and 16 odd
  *          elements to match the low/high nibbles of the packed bytes.
- * Four rows are done together so each load of x feeds four FMAs.
+ * One row at a time: each thread then reads one sequential stream, which the memory
+ * system serves best (four interleaved rows measured slower from mmap'd 4 KB pages).
  *
  * GLM_KERNELS=c forces the plain loops, GLM_KERNELS=avx2 the AVX2 set (the fallback
  * for CPUs without AVX-512), otherwise the best the CPU has is taken.
@@ -38,7 +42,7 @@ AVX512 static inline __m512 bf16x16_masked(const uint16_t *p, __mmask16 m) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p)), 16));
 }
 
-/* E4M3 bytes -> fp32 values (see the header comment). The bit-placed float is the
+/* E4M3 bytes -> fp32 values (see the header comment; decode uses the fp16 route below). The bit-placed float is the
  * value times 2^-120 and may be an fp32 subnormal; multiplying by 2^120 at once keeps
  * every later product normal (subnormal arithmetic is slow on some CPUs). */
 AVX512 static inline __m512 fp8x16(__m128i bytes) {
@@ -47,13 +51,16 @@ AVX512 static inline __m512 fp8x16(__m128i bytes) {
     return _mm512_mul_ps(tiny, _mm512_set1_ps(0x1p120f));
 }
 
-/* Software prefetch ~1 KB ahead in each of the four row streams: the hardware
- * prefetcher stops at 4 KB page boundaries, and an mmap'd checkpoint is 4 KB pages. */
-#define PREFETCH_ROWS(a, b, c, d)                                                      \
-    do {                                                                               \
-        _mm_prefetch((const char *)(a), _MM_HINT_T0); _mm_prefetch((const char *)(b), _MM_HINT_T0); \
-        _mm_prefetch((const char *)(c), _MM_HINT_T0); _mm_prefetch((const char *)(d), _MM_HINT_T0); \
-    } while (0)
+/* xs = x in the order the SIMD matvec wants for W's format (see the top of this file):
+ * MXFP4 even/odd per 32-block, FP8 (widths a multiple of 128) even/odd per 64-block. */
+void matvec_split_x(const Mat *W, const float *x, float *xs) {
+    int block = W->fmt == WF_MXFP4 ? 32 : W->fmt == WF_FP8 && W->cols % 128 == 0 ? 64 : 0;
+    for (int b = 0; block && b < W->cols / block; b++)
+        for (int i = 0; i < block / 2; i++) {
+            xs[block * b + i] = x[block * b + 2 * i];
+            xs[block * b + block / 2 + i] = x[block * b + 2 * i + 1];
+        }
+}
 
 AVX512 static float dot_f32_avx512(const float *a, const float *b, int n) {
     __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
@@ -79,136 +86,112 @@ AVX512 static void axpy_f32_avx512(float *y, float a, const float *x, int n) {
     }
 }
 
-/* y[i] = W[r0+i] · x for i in [0, nr). xs = x split per 32-block (MXFP4 only). */
+/* Software prefetch this many bytes ahead in a row's stream. The hardware prefetcher
+ * stops at 4 KB page boundaries (an mmap'd checkpoint is 4 KB pages) and the out-of-order
+ * window holds only ~3 KB of loads at these instruction counts; both leave the memory
+ * system idle unless we ask for the next page early. Measured: 4 KB ahead beat 1 and 2. */
+#define PREFETCH_AHEAD 4096
+#define PREFETCH(p) _mm_prefetch((const char *)(p) + PREFETCH_AHEAD, _MM_HINT_T0)
+
+/* FP8 via fp16, 64 bytes at a time: a 16-bit lane holds two E4M3 bytes; moving a byte's
+ * sign to bit 15 and its 7 magnitude bits to bits 13..7 makes an fp16 equal to the E4M3
+ * value times 2^-8 (subnormals included; fp16 has room), and vcvtph2ps widens it exactly.
+ * Low bytes are the even elements, high bytes the odd ones. */
+AVX512 static inline void fp8x64_as_f16(__m512i v, __m512i *even, __m512i *odd) {
+    const __m512i keep = _mm512_set1_epi16((short)0xBF80); /* bit 15 and bits 13..7 */
+    *odd = _mm512_and_si512(_mm512_srai_epi16(v, 1), keep);
+    *even = _mm512_and_si512(_mm512_srai_epi16(_mm512_slli_epi16(v, 8), 1), keep);
+}
+
+/* y[i] = W[r0+i] · x for i in [0, nr). One row at a time, so each thread reads one
+ * sequential stream (its rows are contiguous); several accumulators hide the FMA
+ * latency. xs = x in the order matvec_split_x gives for this format. */
 AVX512 static void matvec_avx512(const Mat *W, int r0, int nr, const float *x, const float *xs, float *y) {
     const int n = W->cols;
-    int i = 0;
     switch (W->fmt) {
     case WF_F32:
-        for (; i < nr; i++) y[i] = dot_f32_avx512((const float *)W->w + (size_t)(r0 + i) * n, x, n);
+        for (int i = 0; i < nr; i++) y[i] = dot_f32_avx512((const float *)W->w + (size_t)(r0 + i) * n, x, n);
         return;
     case WF_BF16: {
         const int tail = n % 16;
         const __mmask16 tm = (__mmask16)((1u << tail) - 1);
-        for (; i + 4 <= nr; i += 4) {
+        for (int i = 0; i < nr; i++) {
             const uint16_t *w = (const uint16_t *)W->w + (size_t)(r0 + i) * n;
-            __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+            __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
             int k = 0;
-            for (; k + 32 <= n; k += 32) { /* 8 independent FMA chains hide the FMA latency */
-                __m512 xv = _mm512_loadu_ps(x + k), xw = _mm512_loadu_ps(x + k + 16);
-                PREFETCH_ROWS(w + k + 1024, w + n + k + 1024, w + 2 * (size_t)n + k + 1024, w + 3 * (size_t)n + k + 1024);
-                a0 = _mm512_fmadd_ps(bf16x16(w + k), xv, a0);
-                a1 = _mm512_fmadd_ps(bf16x16(w + n + k), xv, a1);
-                a2 = _mm512_fmadd_ps(bf16x16(w + 2 * (size_t)n + k), xv, a2);
-                a3 = _mm512_fmadd_ps(bf16x16(w + 3 * (size_t)n + k), xv, a3);
-                b0 = _mm512_fmadd_ps(bf16x16(w + k + 16), xw, b0);
-                b1 = _mm512_fmadd_ps(bf16x16(w + n + k + 16), xw, b1);
-                b2 = _mm512_fmadd_ps(bf16x16(w + 2 * (size_t)n + k + 16), xw, b2);
-                b3 = _mm512_fmadd_ps(bf16x16(w + 3 * (size_t)n + k + 16), xw, b3);
+            for (; k + 64 <= n; k += 64) { /* 128 bytes: two cache lines */
+                PREFETCH(w + k); PREFETCH(w + k + 32);
+                a0 = _mm512_fmadd_ps(bf16x16(w + k), _mm512_loadu_ps(x + k), a0);
+                a1 = _mm512_fmadd_ps(bf16x16(w + k + 16), _mm512_loadu_ps(x + k + 16), a1);
+                a2 = _mm512_fmadd_ps(bf16x16(w + k + 32), _mm512_loadu_ps(x + k + 32), a2);
+                a3 = _mm512_fmadd_ps(bf16x16(w + k + 48), _mm512_loadu_ps(x + k + 48), a3);
             }
-            a0 = _mm512_add_ps(a0, b0); a1 = _mm512_add_ps(a1, b1); a2 = _mm512_add_ps(a2, b2); a3 = _mm512_add_ps(a3, b3);
-            for (; k + 16 <= n; k += 16) {
-                __m512 xv = _mm512_loadu_ps(x + k);
-                a0 = _mm512_fmadd_ps(bf16x16(w + k), xv, a0);
-                a1 = _mm512_fmadd_ps(bf16x16(w + n + k), xv, a1);
-                a2 = _mm512_fmadd_ps(bf16x16(w + 2 * (size_t)n + k), xv, a2);
-                a3 = _mm512_fmadd_ps(bf16x16(w + 3 * (size_t)n + k), xv, a3);
-            }
-            if (tail) {
-                __m512 xv = _mm512_maskz_loadu_ps(tm, x + k);
-                a0 = _mm512_fmadd_ps(bf16x16_masked(w + k, tm), xv, a0);
-                a1 = _mm512_fmadd_ps(bf16x16_masked(w + n + k, tm), xv, a1);
-                a2 = _mm512_fmadd_ps(bf16x16_masked(w + 2 * (size_t)n + k, tm), xv, a2);
-                a3 = _mm512_fmadd_ps(bf16x16_masked(w + 3 * (size_t)n + k, tm), xv, a3);
-            }
-            y[i] = _mm512_reduce_add_ps(a0); y[i + 1] = _mm512_reduce_add_ps(a1);
-            y[i + 2] = _mm512_reduce_add_ps(a2); y[i + 3] = _mm512_reduce_add_ps(a3);
-        }
-        for (; i < nr; i++) {
-            const uint16_t *w = (const uint16_t *)W->w + (size_t)(r0 + i) * n;
-            __m512 a0 = _mm512_setzero_ps();
-            int k = 0;
             for (; k + 16 <= n; k += 16) a0 = _mm512_fmadd_ps(bf16x16(w + k), _mm512_loadu_ps(x + k), a0);
-            if (tail) a0 = _mm512_fmadd_ps(bf16x16_masked(w + k, tm), _mm512_maskz_loadu_ps(tm, x + k), a0);
-            y[i] = _mm512_reduce_add_ps(a0);
+            if (tail) a1 = _mm512_fmadd_ps(bf16x16_masked(w + k, tm), _mm512_maskz_loadu_ps(tm, x + k), a1);
+            y[i] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
         }
         return;
     }
     case WF_FP8: {
         const int nb = (n + 127) / 128;
-        for (; i < nr; i += 4) { /* four rows (the last group may repeat a row), two FMA chains each */
-            int rows = nr - i < 4 ? nr - i : 4;
-            const int r_0 = r0 + i, r_1 = r0 + i + (rows > 1), r_2 = r0 + i + 2 * (rows > 2), r_3 = r0 + i + 3 * (rows > 3);
-            const uint8_t *w0 = W->w + (size_t)r_0 * n, *w1 = W->w + (size_t)r_1 * n, *w2 = W->w + (size_t)r_2 * n, *w3 = W->w + (size_t)r_3 * n;
-            const float *s0 = W->fp8_scale + (size_t)(r_0 / 128) * nb, *s1 = W->fp8_scale + (size_t)(r_1 / 128) * nb;
-            const float *s2 = W->fp8_scale + (size_t)(r_2 / 128) * nb, *s3 = W->fp8_scale + (size_t)(r_3 / 128) * nb;
-            __m512 t0 = _mm512_setzero_ps(), t1 = t0, t2 = t0, t3 = t0;
-            for (int b = 0; b < nb; b++) {
-                __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
-                int end = b * 128 + 128 < n ? b * 128 + 128 : n, k = b * 128;
-                for (; k + 32 <= end; k += 32) {
-                    __m512 x0 = _mm512_loadu_ps(x + k), x1 = _mm512_loadu_ps(x + k + 16);
-                    if (!(k & 63)) PREFETCH_ROWS(w0 + k + 1024, w1 + k + 1024, w2 + k + 1024, w3 + k + 1024);
-#define FP8_AT(p, o) fp8x16(_mm_loadu_si128((const __m128i *)((p) + k + (o))))
-                    a0 = _mm512_fmadd_ps(FP8_AT(w0, 0), x0, a0); b0 = _mm512_fmadd_ps(FP8_AT(w0, 16), x1, b0);
-                    a1 = _mm512_fmadd_ps(FP8_AT(w1, 0), x0, a1); b1 = _mm512_fmadd_ps(FP8_AT(w1, 16), x1, b1);
-                    a2 = _mm512_fmadd_ps(FP8_AT(w2, 0), x0, a2); b2 = _mm512_fmadd_ps(FP8_AT(w2, 16), x1, b2);
-                    a3 = _mm512_fmadd_ps(FP8_AT(w3, 0), x0, a3); b3 = _mm512_fmadd_ps(FP8_AT(w3, 16), x1, b3);
-#undef FP8_AT
+        for (int i = 0; i < nr; i++) {
+            const int r = r0 + i;
+            const uint8_t *w = W->w + (size_t)r * n;
+            const float *scale = W->fp8_scale + (size_t)(r / 128) * nb;
+            __m512 t = _mm512_setzero_ps();
+            if (n % 128 == 0) { /* every GLM width: the fp16 route, xs = x split per 64 into evens, odds */
+                for (int b = 0; b < nb; b++) {
+                    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+                    for (int k = 128 * b; k < 128 * b + 128; k += 64) {
+                        __m512i even, odd;
+                        PREFETCH(w + k);
+                        fp8x64_as_f16(_mm512_loadu_si512(w + k), &even, &odd);
+                        a0 = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm512_castsi512_si256(even)), _mm512_loadu_ps(xs + k), a0);
+                        a1 = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm512_extracti64x4_epi64(even, 1)), _mm512_loadu_ps(xs + k + 16), a1);
+                        a2 = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm512_castsi512_si256(odd)), _mm512_loadu_ps(xs + k + 32), a2);
+                        a3 = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm512_extracti64x4_epi64(odd, 1)), _mm512_loadu_ps(xs + k + 48), a3);
+                    }
+                    /* one multiplier per 128x128 block, times the 2^8 the fp16 route took off */
+                    t = _mm512_fmadd_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)), _mm512_set1_ps(scale[b] * 256.0f), t);
                 }
-                for (; k < end; k += 16) {
-                    __mmask16 m = end - k >= 16 ? 0xFFFF : (__mmask16)((1u << (end - k)) - 1);
-                    __m512 x0 = _mm512_maskz_loadu_ps(m, x + k);
-                    a0 = _mm512_fmadd_ps(fp8x16(_mm_maskz_loadu_epi8(m, w0 + k)), x0, a0);
-                    a1 = _mm512_fmadd_ps(fp8x16(_mm_maskz_loadu_epi8(m, w1 + k)), x0, a1);
-                    a2 = _mm512_fmadd_ps(fp8x16(_mm_maskz_loadu_epi8(m, w2 + k)), x0, a2);
-                    a3 = _mm512_fmadd_ps(fp8x16(_mm_maskz_loadu_epi8(m, w3 + k)), x0, a3);
+            } else { /* other widths: 16 bytes at a time by bit placement, masked tails */
+                for (int b = 0; b < nb; b++) {
+                    __m512 a0 = _mm512_setzero_ps();
+                    int end = b * 128 + 128 < n ? b * 128 + 128 : n;
+                    for (int k = b * 128; k < end; k += 16) {
+                        __mmask16 m = end - k >= 16 ? 0xFFFF : (__mmask16)((1u << (end - k)) - 1);
+                        a0 = _mm512_fmadd_ps(fp8x16(_mm_maskz_loadu_epi8(m, w + k)), _mm512_maskz_loadu_ps(m, x + k), a0);
+                    }
+                    t = _mm512_fmadd_ps(a0, _mm512_set1_ps(scale[b]), t);
                 }
-                /* one multiplier per 128x128 block */
-                t0 = _mm512_fmadd_ps(_mm512_add_ps(a0, b0), _mm512_set1_ps(s0[b]), t0);
-                t1 = _mm512_fmadd_ps(_mm512_add_ps(a1, b1), _mm512_set1_ps(s1[b]), t1);
-                t2 = _mm512_fmadd_ps(_mm512_add_ps(a2, b2), _mm512_set1_ps(s2[b]), t2);
-                t3 = _mm512_fmadd_ps(_mm512_add_ps(a3, b3), _mm512_set1_ps(s3[b]), t3);
             }
-            float out[4] = {_mm512_reduce_add_ps(t0), _mm512_reduce_add_ps(t1), _mm512_reduce_add_ps(t2), _mm512_reduce_add_ps(t3)};
-            for (int j = 0; j < rows; j++) y[i + j] = out[j];
+            y[i] = _mm512_reduce_add_ps(t);
         }
         return;
     }
-    case WF_MXFP4: {
+    case WF_MXFP4: { /* xs = x split per 32 into evens, odds: the low and high nibbles */
         const int nb = n / 32;
         const __m512 lut = _mm512_loadu_ps(e2m1_value);
-        for (; i + 4 <= nr; i += 4) {
-            const uint8_t *w = W->w + (size_t)(r0 + i) * (n / 2);
-            const uint8_t *sc = W->mx_scale + (size_t)(r0 + i) * nb;
-            __m512 t0 = _mm512_setzero_ps(), t1 = t0, t2 = t0, t3 = t0;
-            for (int b = 0; b < nb; b++) {
-                __m512 xe = _mm512_loadu_ps(xs + 32 * b), xo = _mm512_loadu_ps(xs + 32 * b + 16);
-                if (!(b & 3)) PREFETCH_ROWS(w + 16 * b + 1024, w + (size_t)(n / 2) + 16 * b + 1024, w + 2 * (size_t)(n / 2) + 16 * b + 1024,
-                                           w + 3 * (size_t)(n / 2) + 16 * b + 1024);
-#define MX_ROW(j, t)                                                                                   \
+#define MX_BLOCK(b, t)                                                                                 \
     do {                                                                                               \
-        __m512i d = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(w + (size_t)(j) * (n / 2) + 16 * b))); \
-        __m512 v = _mm512_mul_ps(_mm512_permutexvar_ps(d, lut), xe);                                   \
-        v = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(d, 4), lut), xo, v);               \
-        t = _mm512_fmadd_ps(v, _mm512_set1_ps(e8m0_table[sc[(size_t)(j) * nb + b]]), t);             \
+        __m512i d = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(w + 16 * (b))));           \
+        __m512 v = _mm512_mul_ps(_mm512_permutexvar_ps(d, lut), _mm512_loadu_ps(xs + 32 * (b)));      \
+        v = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(d, 4), lut), _mm512_loadu_ps(xs + 32 * (b) + 16), v); \
+        t = _mm512_fmadd_ps(v, _mm512_set1_ps(e8m0_table[sc[b]]), t);                                 \
     } while (0)
-                MX_ROW(0, t0); MX_ROW(1, t1); MX_ROW(2, t2); MX_ROW(3, t3);
-            }
-            y[i] = _mm512_reduce_add_ps(t0); y[i + 1] = _mm512_reduce_add_ps(t1);
-            y[i + 2] = _mm512_reduce_add_ps(t2); y[i + 3] = _mm512_reduce_add_ps(t3);
-        }
-        for (; i < nr; i++) {
+        for (int i = 0; i < nr; i++) {
             const uint8_t *w = W->w + (size_t)(r0 + i) * (n / 2);
             const uint8_t *sc = W->mx_scale + (size_t)(r0 + i) * nb;
-            __m512 t0 = _mm512_setzero_ps();
-            for (int b = 0; b < nb; b++) {
-                __m512 xe = _mm512_loadu_ps(xs + 32 * b), xo = _mm512_loadu_ps(xs + 32 * b + 16);
-                MX_ROW(0, t0);
+            __m512 t0 = _mm512_setzero_ps(), t1 = t0;
+            int b = 0;
+            for (; b + 4 <= nb; b += 4) { /* 64 bytes */
+                PREFETCH(w + 16 * b);
+                MX_BLOCK(b, t0); MX_BLOCK(b + 1, t1); MX_BLOCK(b + 2, t0); MX_BLOCK(b + 3, t1);
             }
-#undef MX_ROW
-            y[i] = _mm512_reduce_add_ps(t0);
+            for (; b < nb; b++) MX_BLOCK(b, t0);
+            y[i] = _mm512_reduce_add_ps(_mm512_add_ps(t0, t1));
         }
+#undef MX_BLOCK
         return;
     }
     }

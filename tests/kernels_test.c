@@ -59,11 +59,11 @@ static int test_set(const char *want) {
     printf("comparing %s kernels with the plain C loops\n", simd.name);
     const char *names[] = {"F32", "BF16", "FP8", "MXFP4"};
     const int rows_list[] = {1, 3, 4, 5, 9, 130};
-    const int cols_any[] = {1, 7, 16, 17, 31, 100, 128, 129, 300, 1000};
+    const int cols_any[] = {1, 7, 16, 17, 31, 100, 128, 129, 300, 1000, 384, 6144};
     const int cols_32[] = {32, 64, 96, 160, 288, 1024};
     for (int f = 0; f < 4; f++) {
         const int *cl = f == WF_MXFP4 ? cols_32 : cols_any;
-        int ncl = f == WF_MXFP4 ? 6 : 10;
+        int ncl = f == WF_MXFP4 ? 6 : 12;
         for (int ri = 0; ri < 6; ri++)
             for (int ci = 0; ci < ncl; ci++) {
                 int rows = rows_list[ri], cols = cl[ci];
@@ -72,8 +72,7 @@ static int test_set(const char *want) {
                 float *x = malloc((size_t)cols * 4), *xs = malloc((size_t)cols * 4 + 4), *y = malloc((size_t)rows * 4);
                 float *plain = malloc((size_t)cols * 4), *fast = malloc((size_t)cols * 4);
                 for (int i = 0; i < cols; i++) x[i] = rndf() * 4;
-                for (int b = 0; b < cols / 32; b++)
-                    for (int i = 0; i < 16; i++) { xs[32 * b + i] = x[32 * b + 2 * i]; xs[32 * b + 16 + i] = x[32 * b + 2 * i + 1]; }
+                matvec_split_x(&W, x, xs);
                 /* matvec over a row range that does not start at 0 */
                 int r0 = rows > 2 ? 1 : 0, nr = rows - r0;
                 simd.matvec(&W, r0, nr, x, xs, y);

@@ -919,6 +919,7 @@ void model_free(Model *m) {
  * per chunk, so larger chunks amortize it better; activations take ~0.6 MB per
  * token of chunk at GLM-5.2's widths. */
 #define PREFILL_CHUNK 256
+#define PANEL_KC 512 /* columns of a panel chunk: 32 rows x 512 stay in L1/L2 with the tokens' slice */
 
 static int g_threads = 1;
 /* Below this much work (multiply-adds, counting at most 8 tokens) a product runs on
@@ -931,9 +932,13 @@ static int g_scratch_cols;
 static double g_bytes_read;       /* weight + cache bytes touched, for GB/s reports */
 static double g_flops;            /* floating-point operations (2 per multiply-add), for FLOP/s reports */
 static float *g_x_split;          /* [g_threads][g_scratch_cols] x reordered for the SIMD matvec, see matvec_split_x */
-static float *g_panel;            /* [g_threads][65][g_scratch_cols] prefill: a 32-row k-major panel, its 32 rows, a spare row */
-static int g_prefill_bf16;        /* --prefill-bf16: prefill products with bf16 inputs (2x the FMA rate, ~1e-3 error) */
-static uint16_t *g_x_bf16;        /* [cap][g_scratch_cols + 1] activations rounded to bf16 for that mode */
+static float *g_panel;            /* [g_threads][g_panel_stride] prefill: a 32-row k-major panel, its 32 rows, a spare row */
+static size_t g_panel_stride;     /* max(65 * g_scratch_cols, PANEL_KC * 32) floats */
+/* Prompt products with activations rounded to bf16 (vdpbf16ps: twice the fp32 FMA rate;
+ * ~1e-3 relative error, as llama.cpp's bf16 path) where the CPU has AVX512-BF16: the
+ * default; --prefill-fp32 (or GLM_PREFILL=fp32, which the test suites use) keeps fp32. */
+static int g_prefill_bf16 = 1;
+static uint16_t *g_x_bf16;        /* [cap][g_scratch_cols + 32] activations rounded to bf16 for that mode */
 
 static void scratch_init(int max_cols) {
 #ifdef _OPENMP
@@ -945,8 +950,9 @@ static void scratch_init(int max_cols) {
     g_scratch_cols = max_cols;
     g_row_scratch = xmalloc((size_t)g_threads * (size_t)max_cols * sizeof(float));
     g_x_split = xmalloc((size_t)g_threads * max_cols * sizeof(float));
-    g_panel = xcalloc((size_t)g_threads * 65 * (size_t)max_cols, sizeof(float));
-    g_x_bf16 = xcalloc((size_t)PREFILL_CHUNK * (max_cols + 1), sizeof(uint16_t));
+    g_panel_stride = (size_t)65 * max_cols > (size_t)PANEL_KC * 32 ? (size_t)65 * max_cols : (size_t)PANEL_KC * 32;
+    g_panel = xcalloc((size_t)g_threads * g_panel_stride, sizeof(float));
+    g_x_bf16 = xcalloc((size_t)PREFILL_CHUNK * (max_cols + 32), sizeof(uint16_t));
 }
 
 /* Which thread we are in the one active parallel region (nesting is limited to one
@@ -1091,29 +1097,23 @@ static void matmul_rows(float *y, int ldy, const float *x, int ldx, const Mat *W
         return;
     }
     if (g_prefill_bf16 && kernels.gemm_panel_bf16) {
-        /* as below, with the panel and the activations rounded to bf16 pairs */
-        const int K = W->cols, K2 = (K + 1) & ~1, KC = 512;
-        for (int t = 0; t < n; t++) {
-            uint16_t *xb = g_x_bf16 + (size_t)t * K2;
-            for (int k = 0; k < K; k++) xb[k] = f32_to_bf16(x[(size_t)t * ldx + k]);
-            if (K2 > K) xb[K] = 0;
-        }
+        /* the same blocking with bf16 inputs (2x the FMA rate): 32 rows by one k-chunk
+         * at a time, the chunk's panel (32 KB) built straight from the file format and
+         * streamed through by every token while it sits in L1/L2 */
+        const int K = W->cols, KP = (K + 31) & ~31, KC = PANEL_KC;
+        for (int t = 0; t < n; t++) kernels.round_bf16(x + (size_t)t * ldx, K, g_x_bf16 + (size_t)t * KP, KP);
 #pragma omp parallel if (parallel)
         {
-            float *panel = g_panel + (size_t)thread_id() * 65 * g_scratch_cols, *rows = panel + (size_t)32 * g_scratch_cols;
-            uint16_t *pairs = (uint16_t *)rows; /* [K2/2][32][2], written after the rows are consumed */
+            uint32_t *panel = (uint32_t *)(g_panel + (size_t)thread_id() * g_panel_stride), *stage = panel + (size_t)KC / 2 * 32;
 #pragma omp for schedule(dynamic, 1)
             for (int rb = 0; rb < nr; rb += 32) {
                 int nj = nr - rb < 32 ? nr - rb : 32;
-                build_panel(W, r0 + rb, nj, rows, panel);
-                if (K2 > K) memset(panel + (size_t)K * 32, 0, 32 * sizeof(float));
-                if (kernels.pack_bf16_pairs) kernels.pack_bf16_pairs(panel, K2, pairs);
-                else
-                    for (int k = 0; k < K2; k++)
-                        for (int j = 0; j < 32; j++) pairs[(size_t)(k / 2) * 64 + 2 * j + (k & 1)] = f32_to_bf16(panel[(size_t)k * 32 + j]);
                 for (int t = 0; t < n; t++) memset(y + (size_t)t * ldy + rb, 0, (size_t)nj * sizeof(float));
-                for (int k0b = 0; k0b < K2; k0b += KC)
-                    kernels.gemm_panel_bf16(pairs + (size_t)k0b * 32, K2 - k0b < KC ? K2 - k0b : KC, g_x_bf16 + k0b, K2, n, y + rb, ldy, nj);
+                for (int k0 = 0; k0 < KP; k0 += KC) {
+                    int kc = KP - k0 < KC ? KP - k0 : KC;
+                    kernels.build_panel_bf16(W, r0 + rb, nj, k0, kc, stage, panel);
+                    kernels.gemm_panel_bf16((const uint16_t *)panel, kc, g_x_bf16 + k0, KP, n, y + rb, ldy, nj);
+                }
             }
         }
         return;
@@ -1124,7 +1124,7 @@ static void matmul_rows(float *y, int ldy, const float *x, int ldx, const Mat *W
         const int K = W->cols, KC = 512;
 #pragma omp parallel if (parallel)
         {
-            float *panel = g_panel + (size_t)thread_id() * 65 * g_scratch_cols, *rows = panel + (size_t)32 * g_scratch_cols;
+            float *panel = g_panel + (size_t)thread_id() * g_panel_stride, *rows = panel + (size_t)32 * g_scratch_cols;
 #pragma omp for schedule(dynamic, 1)
             for (int rb = 0; rb < nr; rb += 32) {
                 int nj = nr - rb < 32 ? nr - rb : 32;
@@ -1147,6 +1147,8 @@ static void matmul_rows(float *y, int ldy, const float *x, int ldx, const Mat *W
         }
     }
 }
+
+static const char *prefill_precision(void) { return g_prefill_bf16 && kernels.gemm_panel_bf16 ? "bf16" : "fp32"; }
 
 static void matmul(float *y, const float *x, const Mat *W, int n) {
     matmul_rows(y, W->rows, x, W->cols, W, 0, W->rows, n);
@@ -1689,7 +1691,8 @@ static void usage(void) {
             "  synth    OUT_DIR [--layers N] [--experts E] [--format mxfp4|bf16]   random real-width checkpoint\n"
             "  convert  IN_DIR OUT_DIR [--attn] [--all-linear]  BF16/FP8 checkpoint -> Quark MXFP4\n"
             "options: --ctx N (context length, default 4096), -t N (threads), --tokenizer FILE (default DIR/tokenizer.json)\n"
-            "         --prefill-bf16: prompt products with bf16 activations (AVX512-BF16; ~2x faster, ~1e-3 relative error)\n"
+            "         --prefill-fp32: prompt products in fp32 (default where the CPU has AVX512-BF16: bf16 activations,\n"
+            "           ~2x faster, ~1e-3 relative error; --prefill-bf16 asks for it, GLM_PREFILL=fp32|bf16 sets the default)\n"
             "sampling: --temp 0 is greedy; defaults --temp 1 --top-p 0.95 (GLM-5.2 generation_config)\n");
 #ifdef GLM_GPU
     fprintf(stderr, "         --gpu (forward pass on the GPU), --gpus N (layers split across N GPUs)\n");
@@ -1725,6 +1728,7 @@ static void parse_args(Args *a, int argc, char **argv) {
         if (!strcmp(f, "--decode")) { a->decode = 1; continue; }
         if (!strcmp(f, "--no-think")) { a->no_think = 1; continue; }
         if (!strcmp(f, "--prefill-bf16")) { g_prefill_bf16 = 1; continue; }
+        if (!strcmp(f, "--prefill-fp32")) { g_prefill_bf16 = 0; continue; }
 #ifdef GLM_GPU
         if (!strcmp(f, "--gpu")) { a->gpu = 1; if (!a->n_gpus) a->n_gpus = 1; continue; }
         if (!strcmp(f, "--gpus")) {
@@ -2244,15 +2248,15 @@ static int cmd_bench(int argc, char **argv) {
 
     if (json) {
         printf("{\"model\": \"%s\", \"threads\": %d, \"kernels\": \"%s\", \"read_bw_gbs\": %.2f, \"fma_peak_gflops\": %.1f, "
-               "\"prefill_tokens\": %d, \"prefill_tps\": %.2f, \"prefill_gflops\": %.1f, \"prefill_peak_ratio\": %.3f, "
+               "\"prefill_tokens\": %d, \"prefill_precision\": \"%s\", \"prefill_tps\": %.2f, \"prefill_gflops\": %.1f, \"prefill_peak_ratio\": %.3f, "
                "\"decode_tps_ctx0\": %.3f, \"decode_bytes_per_token\": %.0f, \"decode_gbs\": %.2f, \"decode_bw_ratio\": %.3f, "
                "\"long_ctx\": %d, \"decode_tps_long\": %.3f, \"decode_long_bw_ratio\": %.3f, \"read_bw_long_gbs\": %.2f}\n",
-               a.model_dir, g_threads, kernels.name, bw0 / 1e9, peak / 1e9, P, P / t_prefill, prefill_flops / 1e9, prefill_flops / peak,
+               a.model_dir, g_threads, kernels.name, bw0 / 1e9, peak / 1e9, P, prefill_precision(), P / t_prefill, prefill_flops / 1e9, prefill_flops / peak,
                tps0, bytes0, bytes0 * tps0 / 1e9, decode_bw_ratio, L, tpsL, long_bw_ratio, bwL / 1e9);
     } else {
         printf("glm bench: %s (%d threads, %s kernels)\n", a.model_dir, g_threads, kernels.name);
         printf("  machine   read bandwidth %.1f GB/s (around the decode), fp32 FMA peak %.1f GFLOP/s\n", bw0 / 1e9, peak / 1e9);
-        printf("  prefill   %d tokens: %.2f tok/s, %.1f GFLOP/s = %.2f x FMA peak\n", P, P / t_prefill, prefill_flops / 1e9, prefill_flops / peak);
+        printf("  prefill   %d tokens (%s products): %.2f tok/s, %.1f GFLOP/s = %.2f x FMA peak\n", P, prefill_precision(), P / t_prefill, prefill_flops / 1e9, prefill_flops / peak);
         printf("  decode    context 0: %.2f tok/s, %.3f GB/token, %.1f GB/s = %.2f x read bandwidth\n", tps0, bytes0 / 1e9,
                bytes0 * tps0 / 1e9, decode_bw_ratio);
         printf("  decode    context %d: %.2f tok/s, %.3f GB/token, %.1f GB/s = %.2f x read bandwidth (%.1f GB/s around it)\n", L, tpsL,
@@ -2270,6 +2274,9 @@ int main(int argc, char **argv) {
     const char *cmd = argv[1];
     number_tables_init();
     kernels_init(getenv("GLM_KERNELS")); /* GLM_KERNELS=c forces the plain C loops */
+    const char *pp = getenv("GLM_PREFILL");
+    if (pp && !strcmp(pp, "fp32")) g_prefill_bf16 = 0;
+    else if (pp && *pp && strcmp(pp, "bf16")) glm_fatal("GLM_PREFILL=%s: expected fp32 or bf16", pp);
     if (!strcmp(cmd, "run")) { parse_args(&a, argc, argv); return cmd_run(&a); }
     if (!strcmp(cmd, "logits")) { parse_args(&a, argc, argv); return cmd_logits(&a); }
     if (!strcmp(cmd, "chat")) { parse_args(&a, argc, argv); return cmd_chat(&a); }

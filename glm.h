@@ -219,8 +219,12 @@ typedef struct {
     void (*gemm_panel_bf16)(const uint16_t *P, int K, const uint16_t *X, int ldx, int n, float *Y, int ldy, int nj);
     /* P[k*32 + j] = rows[j*ld + k], j < 32, k < K rounded down to 16: build a panel */
     void (*pack_panel)(const float *rows, int ld, int K, float *P);
-    /* P2[(k/2)*64 + 2j + (k&1)] = bf16(P[k*32 + j]), K even: a panel for gemm_panel_bf16 */
-    void (*pack_bf16_pairs)(const float *P, int K, uint16_t *P2);
+    /* one k-chunk of a panel for gemm_panel_bf16: P[p*32 + j] = bf16 pair (W[r+j][k0+2p],
+     * W[r+j][k0+2p+1]), p < kc/2, j < 32, zero past nj rows and past the matrix;
+     * k0 and kc multiples of 32; stage: [32][kc/2] words of scratch */
+    void (*build_panel_bf16)(const Mat *W, int r, int nj, int k0, int kc, uint32_t *stage, uint32_t *panel);
+    /* xb[0..kpad) = bf16(x[0..n)) rounded to nearest even, then zeros */
+    void (*round_bf16)(const float *x, int n, uint16_t *xb, int kpad);
     float (*dot)(const float *a, const float *b, int n);
     void (*axpy)(float *y, float a, const float *x, int n);   /* y += a·x */
     /* machine measurements for glm bench (never NULL) */

@@ -197,27 +197,27 @@ AVX512 static void matvec_avx512(const Mat *W, int r0, int nr, const float *x, c
     }
 }
 
-/* out[0..cols) = row r of W as floats (the prefill path reuses it for every token). */
-AVX512 static void dequant_row_avx512(const Mat *W, int r, float *out) {
-    const int n = W->cols;
-    int k = 0;
+/* out[0..kc) = W[r][k0 .. k0+kc) as floats (k0 a multiple of 32). */
+AVX512 static void dequant_range_avx512(const Mat *W, int r, int k0, int kc, float *out) {
+    const int n = W->cols, end = k0 + kc;
+    int k = k0;
     switch (W->fmt) {
-    case WF_F32: memcpy(out, (const float *)W->w + (size_t)r * n, (size_t)n * sizeof(float)); return;
+    case WF_F32: memcpy(out, (const float *)W->w + (size_t)r * n + k0, (size_t)kc * sizeof(float)); return;
     case WF_BF16: {
         const uint16_t *w = (const uint16_t *)W->w + (size_t)r * n;
-        for (; k + 16 <= n; k += 16) _mm512_storeu_ps(out + k, bf16x16(w + k));
-        if (k < n) {
-            __mmask16 m = (__mmask16)((1u << (n - k)) - 1);
-            _mm512_mask_storeu_ps(out + k, m, bf16x16_masked(w + k, m));
+        for (; k + 16 <= end; k += 16) _mm512_storeu_ps(out + k - k0, bf16x16(w + k));
+        if (k < end) {
+            __mmask16 m = (__mmask16)((1u << (end - k)) - 1);
+            _mm512_mask_storeu_ps(out + k - k0, m, bf16x16_masked(w + k, m));
         }
         return;
     }
     case WF_FP8: {
         const uint8_t *w = W->w + (size_t)r * n;
         const float *scale = W->fp8_scale + (size_t)(r / 128) * ((n + 127) / 128);
-        for (; k < n; k += 16) {
-            __mmask16 m = n - k >= 16 ? 0xFFFF : (__mmask16)((1u << (n - k)) - 1);
-            _mm512_mask_storeu_ps(out + k, m, _mm512_mul_ps(fp8x16(_mm_maskz_loadu_epi8(m, w + k)), _mm512_set1_ps(scale[k / 128])));
+        for (; k < end; k += 16) { /* k0 is a multiple of 16, so 16 never straddle a 128 block */
+            __mmask16 m = end - k >= 16 ? 0xFFFF : (__mmask16)((1u << (end - k)) - 1);
+            _mm512_mask_storeu_ps(out + k - k0, m, _mm512_mul_ps(fp8x16(_mm_maskz_loadu_epi8(m, w + k)), _mm512_set1_ps(scale[k / 128])));
         }
         return;
     }
@@ -227,18 +227,21 @@ AVX512 static void dequant_row_avx512(const Mat *W, int r, float *out) {
         const __m512 lut = _mm512_loadu_ps(e2m1_value);
         const __m512i lo_idx = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
         const __m512i hi_idx = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
-        for (int b = 0; b < n / 32; b++) {
+        for (int b = k0 / 32; b < end / 32; b++) {
             __m512i d = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(w + 16 * b)));
             __m512 s = _mm512_set1_ps(e8m0_table[sc[b]]);
             __m512 ev = _mm512_mul_ps(_mm512_permutexvar_ps(d, lut), s);
             __m512 od = _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(d, 4), lut), s);
-            _mm512_storeu_ps(out + 32 * b, _mm512_permutex2var_ps(ev, lo_idx, od));
-            _mm512_storeu_ps(out + 32 * b + 16, _mm512_permutex2var_ps(ev, hi_idx, od));
+            _mm512_storeu_ps(out + 32 * b - k0, _mm512_permutex2var_ps(ev, lo_idx, od));
+            _mm512_storeu_ps(out + 32 * b - k0 + 16, _mm512_permutex2var_ps(ev, hi_idx, od));
         }
         return;
     }
     }
 }
+
+/* out[0..cols) = row r of W as floats. */
+AVX512 static void dequant_row_avx512(const Mat *W, int r, float *out) { dequant_range_avx512(W, r, 0, W->cols, out); }
 
 /* Streaming read of buf[lo..hi) (one thread's slice of the bandwidth measurement). The
  * parallel regions live in functions without a target attribute: clang does not carry
@@ -407,18 +410,51 @@ GEMM_TILE_BF16(12)
 GEMM_TILE_BF16(4)
 GEMM_TILE_BF16(1)
 
-/* P2[(k/2)*64 + 2j + (k&1)] = bf16(P[k*32 + j]): a k-major fp32 panel (from
- * pack_panel) to the pair layout of the bf16 micro-kernel, K even, round to nearest
- * even (denormals flush to zero in this instruction; they do not occur in practice). */
-BF16 static void pack_bf16_pairs_avx512(const float *P, int K, uint16_t *P2) {
-    const __m512i inter = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
-                                           23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
-    for (int k = 0; k < K; k += 2)
-        for (int h = 0; h < 2; h++) { /* rows 0..15, then 16..31 */
-            __m512 a = _mm512_loadu_ps(P + (size_t)k * 32 + 16 * h), b = _mm512_loadu_ps(P + (size_t)(k + 1) * 32 + 16 * h);
-            __m512i ab = (__m512i)_mm512_cvtne2ps_pbh(b, a); /* a0..a15, b0..b15 */
-            _mm512_storeu_si512(P2 + (size_t)k * 32 + 32 * h, _mm512_permutexvar_epi16(inter, ab));
+/* The 16 bf16 of 16 floats in order (round to nearest even; denormals flush to zero in
+ * this instruction, which only matters for values below 1e-38). */
+BF16 static inline __m256i bf16_round16(__m512 v) { return (__m256i)_mm512_cvtneps_pbh(v); }
+
+/* A bf16 panel of one k-chunk, for gemm_panel_bf16: P[p*32 + j] = the pair (W[r+j][k0+2p],
+ * W[r+j][k0+2p+1]) as two bf16 in one 32-bit word, p < kc/2, j < 32; rows past nj, and
+ * columns past the matrix, are zero. Two neighbouring elements of a row are one word,
+ * so this is a 32-bit transpose of the dequantized rows: each row goes through a small
+ * staging buffer (stage[32][kc/2] words, hot in L1/L2) and 16x16 blocks are transposed
+ * into the panel. kc is a multiple of 32 (the caller pads the chunk at the row end) and
+ * k0 a multiple of 32. Building a chunk at a time keeps everything in cache: a panel of
+ * a whole row of 32 rows is 0.8 MB at GLM widths. */
+BF16 static void build_panel_bf16_avx512(const Mat *W, int r, int nj, int k0, int kc, uint32_t *stage, uint32_t *panel) {
+    const int n = W->cols, valid = n - k0 < kc ? n - k0 : kc, words = kc / 2;
+    float tmp[512 + 32];
+    for (int j = 0; j < 32; j++) {
+        uint32_t *row = stage + (size_t)j * words;
+        if (j >= nj) { memset(row, 0, (size_t)words * 4); continue; }
+        if (W->fmt == WF_BF16 && valid == kc) { /* already bf16 pairs */
+            memcpy(row, (const uint16_t *)W->w + (size_t)(r + j) * n + k0, (size_t)kc * 2);
+            continue;
         }
+        for (int c = 0; c < kc; c += 512) { /* dequantize, round, store */
+            int len = kc - c < 512 ? kc - c : 512, have = valid - c < len ? valid - c : len;
+            if (have > 0) dequant_range_avx512(W, r + j, k0 + c, have, tmp);
+            for (int i = have < 0 ? 0 : have; i < len; i++) tmp[i] = 0.0f;
+            for (int i = 0; i < len; i += 16)
+                _mm256_storeu_si256((__m256i *)((uint16_t *)(row + c / 2) + i), bf16_round16(_mm512_loadu_ps(tmp + i)));
+        }
+    }
+    for (int p = 0; p < words; p += 16)
+        for (int j = 0; j < 32; j += 16)
+            transpose16x16((const float *)(stage + (size_t)j * words + p), words, (float *)(panel + (size_t)p * 32 + j), 32);
+}
+
+/* xb[0..kpad) = bf16(x[0..n)) then zeros: one token's activations for gemm_panel_bf16. */
+BF16 static void round_bf16_avx512(const float *x, int n, uint16_t *xb, int kpad) {
+    int i = 0;
+    for (; i + 16 <= n; i += 16) _mm256_storeu_si256((__m256i *)(xb + i), bf16_round16(_mm512_loadu_ps(x + i)));
+    if (i < n) {
+        __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
+        _mm256_mask_storeu_epi16(xb + i, m, bf16_round16(_mm512_maskz_loadu_ps(m, x + i)));
+        i = n;
+    }
+    for (; i < kpad; i++) xb[i] = 0;
 }
 
 BF16 static void gemm_panel_bf16_avx512(const uint16_t *P, int K, const uint16_t *X, int ldx, int n, float *Y, int ldy, int nj) {
@@ -575,26 +611,29 @@ static double fma_peak_plain(void) {
 }
 
 /* The kernel table glm.c calls through. NULL entries mean "use the plain C loop". */
-Kernels kernels = {"plain C", NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, read_bandwidth_plain, fma_peak_plain};
+Kernels kernels = {.name = "plain C", .read_bandwidth = read_bandwidth_plain, .fma_peak = fma_peak_plain};
 
 void kernels_init(const char *want) {
-    Kernels plain = {"plain C", NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, read_bandwidth_plain, fma_peak_plain};
+    Kernels plain = {.name = "plain C", .read_bandwidth = read_bandwidth_plain, .fma_peak = fma_peak_plain};
     kernels = plain;
     if (want && !strcmp(want, "c")) return;
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
-        Kernels k = {"AVX2", matvec_avx2, NULL, NULL, NULL, NULL, NULL, dot_f32_avx2, axpy_f32_avx2, read_bandwidth_plain, fma_peak_plain};
+        Kernels k = {.name = "AVX2", .matvec = matvec_avx2, .dot = dot_f32_avx2, .axpy = axpy_f32_avx2,
+                     .read_bandwidth = read_bandwidth_plain, .fma_peak = fma_peak_plain};
         kernels = k;
     }
     if (want && !strcmp(want, "avx2")) return; /* GLM_KERNELS=avx2: test the AVX2 set on an AVX-512 machine */
     if (cpu_has_avx512()) {
-        Kernels k = {"AVX-512", matvec_avx512, dequant_row_avx512, gemm_panel_avx512, NULL, pack_panel_avx512, NULL,
-                     dot_f32_avx512, axpy_f32_avx512, read_bandwidth_avx512, fma_peak_avx512};
+        Kernels k = {.name = "AVX-512", .matvec = matvec_avx512, .dequant_row = dequant_row_avx512, .gemm_panel = gemm_panel_avx512,
+                     .pack_panel = pack_panel_avx512, .dot = dot_f32_avx512, .axpy = axpy_f32_avx512,
+                     .read_bandwidth = read_bandwidth_avx512, .fma_peak = fma_peak_avx512};
         if (__builtin_cpu_supports("avx512bf16")) {
             k.name = "AVX-512 (+BF16)";
             k.gemm_panel_bf16 = gemm_panel_bf16_avx512;
-            k.pack_bf16_pairs = pack_bf16_pairs_avx512;
+            k.build_panel_bf16 = build_panel_bf16_avx512;
+            k.round_bf16 = round_bf16_avx512;
         }
         kernels = k;
     }

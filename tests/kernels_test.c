@@ -139,17 +139,49 @@ static int test_set(const char *want) {
         check(what, bad == 0, bad);
         free(rows); free(P);
     }
-    /* the bf16 pair packing: round to nearest even like f32_to_bf16 */
-    if (simd.pack_bf16_pairs) {
-        int K = 96;
-        float *P = malloc((size_t)K * 32 * 4);
-        uint16_t *P2 = malloc((size_t)K * 32 * 2);
-        for (int i = 0; i < K * 32; i++) P[i] = rndf() * (float)(1 << (rnd() % 20));
-        simd.pack_bf16_pairs(P, K, P2);
+    /* the bf16 panel of one k-chunk, straight from each file format: pairs of bf16 (round
+     * to nearest even like f32_to_bf16) of the plain dequantized rows, zeros past nj rows
+     * and past the last column */
+    for (int f = 0; f < 4 && simd.build_panel_bf16; f++) {
+        const int cases[][4] = {{37, 96, 32, 0}, {37, 96, 5, 0}, {40, 608, 32, 512}, {40, 608, 31, 0}, {33, 1056, 32, 544}};
+        for (int c = 0; c < 5; c++) {
+            int rows = cases[c][0], cols = cases[c][1], nj = cases[c][2], k0 = cases[c][3], r = rows - nj > 1 ? 1 : 0;
+            int KP = (cols + 31) & ~31, kc = KP - k0 < 512 ? KP - k0 : 512;
+            void *w = NULL, *sc = NULL;
+            Mat W = make_mat((WeightFormat)f, rows, cols, &w, &sc);
+            uint32_t *stage = malloc((size_t)32 * 256 * 4), *P = malloc((size_t)256 * 32 * 4);
+            float *row = malloc((size_t)cols * 4);
+            simd.build_panel_bf16(&W, r, nj, k0, kc, stage, P);
+            int bad = 0;
+            for (int j = 0; j < 32; j++) {
+                if (j < nj) { kernels.dequant_row = NULL; mat_dequant_row(&W, r + j, row); kernels = simd; }
+                for (int p = 0; p < kc / 2; p++) {
+                    uint32_t want = 0;
+                    for (int h = 0; h < 2; h++) {
+                        int k = k0 + 2 * p + h;
+                        if (j < nj && k < cols) want |= (uint32_t)f32_to_bf16(row[k]) << (16 * h);
+                    }
+                    bad += P[(size_t)p * 32 + j] != want;
+                }
+            }
+            char what[96];
+            snprintf(what, sizeof what, "build_panel_bf16 %s %dx%d rows %d+%d cols %d+%d", names[f], rows, cols, r, nj, k0, kc);
+            check(what, bad == 0, bad);
+            free(w); free(sc); free(stage); free(P); free(row);
+        }
+    }
+    /* activations to bf16 */
+    for (int n = 1; n < 100 && simd.round_bf16; n += 17) {
+        float x[100];
+        uint16_t xb[128];
+        for (int i = 0; i < n; i++) x[i] = rndf() * (float)(1 << (rnd() % 20));
+        memset(xb, 0xFF, sizeof xb);
+        simd.round_bf16(x, n, xb, 128);
         int bad = 0;
-        for (int k = 0; k < K; k++) for (int j = 0; j < 32; j++) bad += P2[(k / 2) * 64 + 2 * j + (k & 1)] != f32_to_bf16(P[k * 32 + j]);
-        check("pack_bf16_pairs", bad == 0, bad);
-        free(P); free(P2);
+        for (int i = 0; i < 128; i++) bad += xb[i] != (i < n ? f32_to_bf16(x[i]) : 0);
+        char what[64];
+        snprintf(what, sizeof what, "round_bf16 n=%d", n);
+        check(what, bad == 0, bad);
     }
     /* the bf16 micro-kernel: exact products of bf16 inputs, fp32 sums */
     for (int c = 0; c < 6 && simd.gemm_panel_bf16; c++) {

@@ -1376,15 +1376,29 @@ static void mla_attend_absorbed(const Model *m, const Layer *L, const KVCache *k
     const float *latent = kv->latent + (size_t)layer * kv->ctx * AD;
     const float scale = 1.0f / sqrtf((float)(DN + DR)); /* 1/sqrt(qk_head_dim), not of the latent width (pitfall 7) */
 
-    /* absorb: q_abs[t][h][0:KR] = Σ_i q_nope[t][h][i] · W_UK[h][i][:] */
+    /* absorb: q_abs[t][h][0:KR] = Σ_i q_nope[t][h][i] · W_UK[h][i][:]. W_UK[h] is
+     * already k-major (row i, latent column j), so for a prompt 32 of its columns form
+     * a prefill panel as they are and the GEMM micro-kernel does the rest. */
+    const int absorb_gemm = n >= 8 && kernels.gemm_panel && (size_t)DN * (KR + 32) <= g_panel_stride;
 #pragma omp parallel
     {
         float *row = g_row_scratch + (size_t)thread_id() * g_scratch_cols;
+        float *w_uk = g_panel + (size_t)thread_id() * g_panel_stride, *panel = w_uk + (size_t)DN * KR; /* [DN][KR], [DN][32] */
 #pragma omp for schedule(static)
         for (int h = 0; h < NH; h++) {
             for (int t = 0; t < n; t++) {
                 memset(s->q_abs + ((size_t)t * NH + h) * AD, 0, (size_t)KR * sizeof(float));
                 memcpy(s->q_abs + ((size_t)t * NH + h) * AD + KR, s->q + ((size_t)t * NH + h) * QD + DN, (size_t)DR * sizeof(float));
+            }
+            if (absorb_gemm) {
+                for (int i = 0; i < DN; i++) mat_dequant_row(&L->kv_b, h * (DN + DV) + i, w_uk + (size_t)i * KR);
+                for (int j0 = 0; j0 < KR; j0 += 32) {
+                    int nj = KR - j0 < 32 ? KR - j0 : 32;
+                    for (int i = 0; i < DN; i++)
+                        for (int j = 0; j < 32; j++) panel[(size_t)i * 32 + j] = j < nj ? w_uk[(size_t)i * KR + j0 + j] : 0.0f;
+                    kernels.gemm_panel(panel, DN, s->q + (size_t)h * QD, NH * QD, n, s->q_abs + (size_t)h * AD + j0, NH * AD, nj);
+                }
+                continue;
             }
             for (int i = 0; i < DN; i++) {
                 mat_dequant_row(&L->kv_b, h * (DN + DV) + i, row);

@@ -425,6 +425,13 @@ BF16 static inline __m256i bf16_round16(__m512 v) { return (__m256i)_mm512_cvtne
 BF16 static void build_panel_bf16_avx512(const Mat *W, int r, int nj, int k0, int kc, uint32_t *stage, uint32_t *panel) {
     const int n = W->cols, valid = n - k0 < kc ? n - k0 : kc, words = kc / 2;
     float tmp[512 + 32];
+    if (W->fmt == WF_BF16 && nj == 32 && valid == kc && n % 2 == 0) { /* already bf16 pairs: transpose from the file */
+        const uint16_t *w = (const uint16_t *)W->w + (size_t)r * n + k0;
+        for (int p = 0; p < words; p += 16)
+            for (int j = 0; j < 32; j += 16)
+                transpose16x16((const float *)(w + (size_t)j * n + 2 * p), n / 2, (float *)(panel + (size_t)p * 32 + j), 32);
+        return;
+    }
     for (int j = 0; j < 32; j++) {
         uint32_t *row = stage + (size_t)j * words;
         if (j >= nj) { memset(row, 0, (size_t)words * 4); continue; }

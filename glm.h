@@ -100,8 +100,9 @@ typedef struct {
 /* One safetensors shard, mapped read-only. */
 typedef struct {
     char *path;
-    const uint8_t *map;      /* whole file */
+    const uint8_t *map;      /* whole file: mmap'd, or read into memory with --no-mmap */
     size_t size;
+    size_t map_len;          /* bytes to unmap at close (size, or rounded up to 2 MB pages) */
     const uint8_t *data;     /* start of the data section (8 + header length) */
     size_t data_size;
 } Shard;

@@ -434,6 +434,14 @@ def t_logits_bf16(v):
     return "best positions rel %.1e %.1e %.1e, median %.1e" % (r[0], r[1], r[2], np.median(r))
 
 
+def t_no_mmap():
+    # --no-mmap reads the shards into memory instead of mapping them: same bytes, same logits
+    c = CK["mixed"]
+    check("glm_logits" in c, "no prefill logits to compare with (prefill test failed)")
+    got = glm_logits(c["dir"], c["ids"], ["--no-mmap"], tag="no-mmap")
+    check(np.array_equal(got, c["glm_logits"]), "--no-mmap logits differ from the mmap'd run")
+
+
 def t_ctx_ok():
     c = CK["bf16"]
     got = glm_logits(c["dir"], c["ids"], ["--ctx", str(len(c["ids"]))], tag="ctx")
@@ -797,6 +805,7 @@ def main():
         test("decode_%s" % v, t_decode, v)
         test("logits_bf16_%s" % v, t_logits_bf16, v)
     test("ctx_limit_ok", t_ctx_ok)
+    test("no_mmap_same_logits", t_no_mmap)
     test("single_file_checkpoint", t_single_file)
     test("indexer_matters", t_indexer_matters_glm)
     for v in VARIANTS:

@@ -951,6 +951,7 @@ void model_free(Model *m) {
  * token of chunk at GLM-5.2's widths. */
 #define PREFILL_CHUNK 256
 #define PANEL_KC 512 /* columns of a panel chunk: 32 rows x 512 stay in L1/L2 with the tokens' slice */
+#define ROWS_MAX_TOKENS 64 /* up to this many tokens a bf16 product skips the panel (gemm_rows_bf16) */
 
 static int g_threads = 1;
 /* Below this much work (multiply-adds, counting at most 8 tokens) a product runs on
@@ -1133,6 +1134,16 @@ static void matmul_rows(float *y, int ldy, const float *x, int ldx, const Mat *W
          * streamed through by every token while it sits in L1/L2 */
         const int K = W->cols, KP = (K + 31) & ~31, KC = PANEL_KC;
         for (int t = 0; t < n; t++) kernels.round_bf16(x + (size_t)t * ldx, K, g_x_bf16 + (size_t)t * KP, KP);
+        if (n <= ROWS_MAX_TOKENS && kernels.gemm_rows_bf16) { /* few tokens: 4 rows at a time, no panel */
+#pragma omp parallel if (parallel)
+            {
+                uint16_t *wbuf = (uint16_t *)(g_panel + (size_t)thread_id() * g_panel_stride);
+#pragma omp for schedule(dynamic, 4)
+                for (int i = 0; i < nr; i += 4)
+                    kernels.gemm_rows_bf16(W, r0 + i, nr - i < 4 ? nr - i : 4, g_x_bf16, KP, n, y + i, ldy, wbuf);
+            }
+            return;
+        }
 #pragma omp parallel if (parallel)
         {
             uint32_t *panel = (uint32_t *)(g_panel + (size_t)thread_id() * g_panel_stride), *stage = panel + (size_t)KC / 2 * 32;

@@ -224,6 +224,9 @@ typedef struct {
      * W[r+j][k0+2p+1]), p < kc/2, j < 32, zero past nj rows and past the matrix;
      * k0 and kc multiples of 32; stage: [32][kc/2] words of scratch */
     void (*build_panel_bf16)(const Mat *W, int r, int nj, int k0, int kc, uint32_t *stage, uint32_t *panel);
+    /* y[t*ldy + i] = Σ_k bf16(W[r0+i][k])·X[t*ldx + k], i < nr, t < n, X bf16 zero-padded to
+     * cols rounded up to 32: the bf16 product for few tokens, no panel; wbuf: [4][that] */
+    void (*gemm_rows_bf16)(const Mat *W, int r0, int nr, const uint16_t *X, int ldx, int n, float *Y, int ldy, uint16_t *wbuf);
     /* xb[0..kpad) = bf16(x[0..n)) rounded to nearest even, then zeros */
     void (*round_bf16)(const float *x, int n, uint16_t *xb, int kpad);
     float (*dot)(const float *a, const float *b, int n);

@@ -472,6 +472,80 @@ BF16 static void gemm_panel_bf16_avx512(const uint16_t *P, int K, const uint16_t
     for (; t < n; t++) gemm_bf16_tile1(P, K, X + (size_t)t * ldx, ldx, Y + (size_t)t * ldy, ldy, m0, m1);
 }
 
+/* The same product for few tokens (an expert's share of a prompt chunk), without a panel:
+ * building a panel costs about as much as using it when only ~32 tokens pass through.
+ * Instead four rows at a time are dequantized once into a small bf16 buffer (row order,
+ * no transpose: two neighbours are one word, as the instruction wants them) and each
+ * token's dot products with them run along k, 32 at a time, in 4 x T accumulators that
+ * are summed across lanes at the end.
+ *   y[t*ldy + i] = Σ_k W[r0+i][k] · X[t*ldx + k], i < nr, t < n;
+ * X bf16, zero-padded to kp = cols rounded up to 32; wbuf: [4][kp] bf16 of scratch. */
+BF16 static void bf16_rows(const Mat *W, int r, int kp, uint16_t *out) { /* one row as kp bf16 */
+    const int n = W->cols;
+    switch (W->fmt) {
+    case WF_BF16:
+        memcpy(out, (const uint16_t *)W->w + (size_t)r * n, (size_t)n * 2);
+        break;
+    case WF_MXFP4: { /* byte i -> the word (bf16(lo)·s, bf16(hi)·s); e2m1·2^k is exact in bf16 */
+        const uint8_t *w = W->w + (size_t)r * (n / 2), *sc = W->mx_scale + (size_t)r * (n / 32);
+        const __m512 lut = _mm512_loadu_ps(e2m1_value);
+        const __m512i top = _mm512_set1_epi32((int)0xFFFF0000u);
+        for (int b = 0; b < n / 32; b++) {
+            __m512 ls = _mm512_mul_ps(lut, _mm512_set1_ps(e8m0_table[sc[b]]));
+            __m512i d = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(w + 16 * b)));
+            __m512i lo = _mm512_castps_si512(_mm512_permutexvar_ps(d, ls));
+            __m512i hi = _mm512_castps_si512(_mm512_permutexvar_ps(_mm512_srli_epi32(d, 4), ls));
+            /* (lo >> 16) | (hi & top): ternary logic A|(B&C) is 0xF8 */
+            _mm512_storeu_si512(out + 32 * b, _mm512_ternarylogic_epi32(_mm512_srli_epi32(lo, 16), hi, top, 0xF8));
+        }
+        break;
+    }
+    default: { /* FP8 and F32: fp32 first, then round (FP8 times its block scale is not exact in bf16) */
+        float tmp[512];
+        for (int k = 0; k < n; k += 512) {
+            int len = n - k < 512 ? n - k : 512;
+            dequant_range_avx512(W, r, k, len, tmp);
+            round_bf16_avx512(tmp, len, out + k, len);
+        }
+        break;
+    }
+    }
+    for (int k = n; k < kp; k++) out[k] = 0;
+}
+
+#define ROWS_TILE_BF16(T)                                                                       \
+    BF16 static void rows_bf16_tile##T(const uint16_t *wb, int kp, const uint16_t *X, int ldx, float *Y, int ldy, int nr) { \
+        __m512 acc[T][4];                                                                       \
+        for (int t = 0; t < T; t++) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = _mm512_setzero_ps(); \
+        for (int k = 0; k < kp; k += 32) {                                                      \
+            __m512bh w0 = (__m512bh)_mm512_loadu_si512(wb + k), w1 = (__m512bh)_mm512_loadu_si512(wb + kp + k); \
+            __m512bh w2 = (__m512bh)_mm512_loadu_si512(wb + 2 * (size_t)kp + k), w3 = (__m512bh)_mm512_loadu_si512(wb + 3 * (size_t)kp + k); \
+            _Pragma("GCC unroll 6") for (int t = 0; t < T; t++) {                                \
+                __m512bh xv = (__m512bh)_mm512_loadu_si512(X + (size_t)t * ldx + k);            \
+                acc[t][0] = _mm512_dpbf16_ps(acc[t][0], w0, xv); acc[t][1] = _mm512_dpbf16_ps(acc[t][1], w1, xv); \
+                acc[t][2] = _mm512_dpbf16_ps(acc[t][2], w2, xv); acc[t][3] = _mm512_dpbf16_ps(acc[t][3], w3, xv); \
+            }                                                                                   \
+        }                                                                                       \
+        for (int t = 0; t < T; t++)                                                             \
+            for (int i = 0; i < nr; i++) Y[(size_t)t * ldy + i] = _mm512_reduce_add_ps(acc[t][i]); \
+    }
+ROWS_TILE_BF16(6)
+ROWS_TILE_BF16(1)
+
+BF16 static void gemm_rows_bf16_avx512(const Mat *W, int r0, int nr, const uint16_t *X, int ldx, int n, float *Y, int ldy, uint16_t *wbuf) {
+    const int kp = (W->cols + 31) & ~31;
+    for (int i = 0; i < nr; i += 4) {
+        int rows = nr - i < 4 ? nr - i : 4;
+        for (int j = 0; j < 4; j++) {
+            if (j < rows) bf16_rows(W, r0 + i + j, kp, wbuf + (size_t)j * kp);
+            else memset(wbuf + (size_t)j * kp, 0, (size_t)kp * 2);
+        }
+        int t = 0;
+        for (; t + 6 <= n; t += 6) rows_bf16_tile6(wbuf, kp, X + (size_t)t * ldx, ldx, Y + (size_t)t * ldy + i, ldy, rows);
+        for (; t < n; t++) rows_bf16_tile1(wbuf, kp, X + (size_t)t * ldx, ldx, Y + (size_t)t * ldy + i, ldy, rows);
+    }
+}
+
 /* ------------------------------------------------------------------------ */
 /* AVX2 + FMA: the same kernels 8 lanes wide, for CPUs without AVX-512. The
  * 16-entry E2M1 table does not fit one 8-lane permute, so the 3 magnitude bits
@@ -641,6 +715,7 @@ void kernels_init(const char *want) {
             k.gemm_panel_bf16 = gemm_panel_bf16_avx512;
             k.build_panel_bf16 = build_panel_bf16_avx512;
             k.round_bf16 = round_bf16_avx512;
+            k.gemm_rows_bf16 = gemm_rows_bf16_avx512;
         }
         kernels = k;
     }

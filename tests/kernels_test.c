@@ -170,6 +170,42 @@ static int test_set(const char *want) {
             free(w); free(sc); free(stage); free(P); free(row);
         }
     }
+    /* the few-token bf16 product: rows dequantized to bf16 in registers' order, exact
+     * products of bf16 inputs, fp32 sums */
+    for (int f = 0; f < 4 && simd.gemm_rows_bf16; f++) {
+        const int cases[][3] = {{1, 32, 1}, {5, 96, 6}, {9, 608, 13}, {4, 100, 7}, {7, 1056, 12}};
+        for (int c = 0; c < 5; c++) {
+            int rows = cases[c][0], cols = cases[c][1], n = cases[c][2], kp = (cols + 31) & ~31, ldy = rows + 3;
+            if (f == WF_MXFP4 && cols % 32) continue;
+            void *w = NULL, *sc = NULL;
+            Mat W = make_mat((WeightFormat)f, rows, cols, &w, &sc);
+            uint16_t *X = malloc((size_t)n * kp * 2), *wbuf = malloc((size_t)4 * kp * 2);
+            float *Y = malloc((size_t)n * ldy * 4), *row = malloc((size_t)cols * 4);
+            for (int i = 0; i < n * kp; i++) X[i] = (i % kp) < cols ? f32_to_bf16(rndf()) : 0;
+            for (int i = 0; i < n * ldy; i++) Y[i] = 0.5f;
+            int r0 = rows > 2 ? 1 : 0, nr = rows - r0;
+            simd.gemm_rows_bf16(&W, r0, nr, X, kp, n, Y, ldy, wbuf);
+            double worst = 0;
+            int untouched = 1;
+            for (int i = 0; i < nr; i++) {
+                kernels.dequant_row = NULL; mat_dequant_row(&W, r0 + i, row); kernels = simd;
+                for (int t = 0; t < n; t++) {
+                    double ref = 0, mag = 1e-30;
+                    for (int k = 0; k < cols; k++) {
+                        double p = (double)bf16_to_f32(f32_to_bf16(row[k])) * bf16_to_f32(X[(size_t)t * kp + k]);
+                        ref += p; mag += fabs(p);
+                    }
+                    double e = fabs(ref - Y[(size_t)t * ldy + i]) / mag;
+                    if (e > worst) worst = e;
+                }
+            }
+            for (int t = 0; t < n; t++) for (int i = nr; i < ldy; i++) untouched &= Y[(size_t)t * ldy + i] == 0.5f;
+            char what[96];
+            snprintf(what, sizeof what, "gemm_rows_bf16 %s rows %d+%d cols %d tokens %d", names[f], r0, nr, cols, n);
+            check(what, worst < 1e-5 && untouched, worst);
+            free(w); free(sc); free(X); free(wbuf); free(Y); free(row);
+        }
+    }
     /* activations to bf16 */
     for (int n = 1; n < 100 && simd.round_bf16; n += 17) {
         float x[100];

@@ -1186,7 +1186,7 @@ static void matmul_rows(float *y, int ldy, const float *x, int ldx, const Mat *W
                 build_panel(W, r0 + rb, nj, rows, panel);
                 for (int t = 0; t < n; t++) memset(y + (size_t)t * ldy + rb, 0, (size_t)nj * sizeof(float));
                 for (int k0 = 0; k0 < K; k0 += KC)
-                    kernels.gemm_panel(panel + (size_t)k0 * 32, K - k0 < KC ? K - k0 : KC, x + k0, ldx, n, y + rb, ldy, nj);
+                    kernels.gemm_panel(panel + (size_t)k0 * 32, 32, K - k0 < KC ? K - k0 : KC, x + k0, ldx, n, y + rb, ldy, nj);
             }
         }
         return;
@@ -1424,6 +1424,22 @@ static void indexer_select(const Model *m, const Layer *L, KVCache *kv, RunState
  * Keys are never expanded per head: the query is pulled into latent space
  * (q_abs = W_UKᵀ·q_nope), scores are q_abs·c + q_pe·k_pe, the value sum stays a
  * latent (o_lat = Σ p·c), and W_UV lifts it to the head output at the end. */
+/* The cached latent rows of keys sel[0..nk) as 32 rows of AD floats: in place when they
+ * are 32 consecutive positions (a prompt attending to its own prefix), else copied into
+ * buf with zero rows after nk. */
+static const float *key_rows(const float *latent, int AD, const int *sel, int nk, float *buf) {
+    if (nk == 32 && sel[31] - sel[0] == 31) {
+        int consecutive = 1;
+        for (int j = 1; j < 32 && consecutive; j++) consecutive = sel[j] == sel[j - 1] + 1;
+        if (consecutive) return latent + (size_t)sel[0] * AD;
+    }
+    for (int j = 0; j < 32; j++) {
+        if (j < nk) memcpy(buf + (size_t)j * AD, latent + (size_t)sel[j] * AD, (size_t)AD * sizeof(float));
+        else memset(buf + (size_t)j * AD, 0, (size_t)AD * sizeof(float));
+    }
+    return buf;
+}
+
 static void mla_attend_absorbed(const Model *m, const Layer *L, const KVCache *kv, RunState *s, int layer, int n) {
     const Config *c = &m->cfg;
     const int NH = c->n_heads, DN = c->qk_nope, DR = c->qk_rope, DV = c->v_head, KR = c->kv_lora_rank;
@@ -1432,13 +1448,13 @@ static void mla_attend_absorbed(const Model *m, const Layer *L, const KVCache *k
     const float scale = 1.0f / sqrtf((float)(DN + DR)); /* 1/sqrt(qk_head_dim), not of the latent width (pitfall 7) */
 
     /* absorb: q_abs[t][h][0:KR] = Σ_i q_nope[t][h][i] · W_UK[h][i][:]. W_UK[h] is
-     * already k-major (row i, latent column j), so for a prompt 32 of its columns form
-     * a prefill panel as they are and the GEMM micro-kernel does the rest. */
-    const int absorb_gemm = n >= 8 && kernels.gemm_panel && (size_t)DN * (KR + 32) <= g_panel_stride;
+     * already k-major (row i, latent column j), so for a prompt the GEMM micro-kernel
+     * reads 32 of its columns at a time in place (ldp = KR). */
+    const int absorb_gemm = n >= 8 && kernels.gemm_panel && (size_t)DN * KR <= g_panel_stride;
 #pragma omp parallel
     {
         float *row = g_row_scratch + (size_t)thread_id() * g_scratch_cols;
-        float *w_uk = g_panel + (size_t)thread_id() * g_panel_stride, *panel = w_uk + (size_t)DN * KR; /* [DN][KR], [DN][32] */
+        float *w_uk = g_panel + (size_t)thread_id() * g_panel_stride; /* [DN][KR] */
 #pragma omp for schedule(static)
         for (int h = 0; h < NH; h++) {
             for (int t = 0; t < n; t++) {
@@ -1447,12 +1463,9 @@ static void mla_attend_absorbed(const Model *m, const Layer *L, const KVCache *k
             }
             if (absorb_gemm) {
                 for (int i = 0; i < DN; i++) mat_dequant_row(&L->kv_b, h * (DN + DV) + i, w_uk + (size_t)i * KR);
-                for (int j0 = 0; j0 < KR; j0 += 32) {
-                    int nj = KR - j0 < 32 ? KR - j0 : 32;
-                    for (int i = 0; i < DN; i++)
-                        for (int j = 0; j < 32; j++) panel[(size_t)i * 32 + j] = j < nj ? w_uk[(size_t)i * KR + j0 + j] : 0.0f;
-                    kernels.gemm_panel(panel, DN, s->q + (size_t)h * QD, NH * QD, n, s->q_abs + (size_t)h * AD + j0, NH * AD, nj);
-                }
+                for (int j0 = 0; j0 < KR; j0 += 32)
+                    kernels.gemm_panel(w_uk + j0, KR, DN, s->q + (size_t)h * QD, NH * QD, n, s->q_abs + (size_t)h * AD + j0, NH * AD,
+                                       KR - j0 < 32 ? KR - j0 : 32);
                 continue;
             }
             for (int i = 0; i < DN; i++) {
@@ -1468,6 +1481,7 @@ static void mla_attend_absorbed(const Model *m, const Layer *L, const KVCache *k
      * heads of a block share each cached row while it is in L1, so a long context
      * is read once per block rather than once per head */
     const int HB = ATTN_HEAD_BLOCK, n_blocks = (NH + HB - 1) / HB;
+    const int attn_gemm = kernels.gemm_panel && kernels.pack_panel && AD % 16 == 0 && (size_t)64 * AD <= g_panel_stride;
 #pragma omp parallel for schedule(dynamic, 1) collapse(2)
     for (int t = 0; t < n; t++) {
         for (int hb = 0; hb < n_blocks; hb++) {
@@ -1475,9 +1489,22 @@ static void mla_attend_absorbed(const Model *m, const Layer *L, const KVCache *k
             float *score = s->scores + (size_t)thread_id() * HB * kv->ctx; /* [nh][ns] */
             const int *sel = s->sel + (size_t)t * K, ns = s->n_sel[t];
             const float *qa = s->q_abs + ((size_t)t * NH + h0) * AD;
-            for (int j = 0; j < ns; j++) {
-                const float *row = latent + (size_t)sel[j] * AD;
-                for (int h = 0; h < nh; h++) score[(size_t)h * ns + j] = dot(qa + (size_t)h * AD, row, AD) * scale;
+            float *o = s->o_lat + ((size_t)t * NH + h0) * KR;
+            memset(o, 0, (size_t)nh * KR * sizeof(float));
+            if (attn_gemm) { /* the same two products as GEMMs over blocks of 32 keys */
+                float *keys = g_panel + (size_t)thread_id() * g_panel_stride, *kt = keys + (size_t)32 * AD;
+                memset(score, 0, (size_t)nh * ns * sizeof(float));
+                for (int j0 = 0; j0 < ns; j0 += 32) { /* score[h][j] = q_abs[h] · row j: rows transposed into a panel */
+                    int nk = ns - j0 < 32 ? ns - j0 : 32;
+                    kernels.pack_panel(key_rows(latent, AD, sel + j0, nk, keys), AD, AD, kt);
+                    kernels.gemm_panel(kt, 32, AD, qa, AD, nh, score + j0, ns, nk);
+                }
+                for (size_t i = 0; i < (size_t)nh * ns; i++) score[i] *= scale;
+            } else {
+                for (int j = 0; j < ns; j++) {
+                    const float *row = latent + (size_t)sel[j] * AD;
+                    for (int h = 0; h < nh; h++) score[(size_t)h * ns + j] = dot(qa + (size_t)h * AD, row, AD) * scale;
+                }
             }
             for (int h = 0; h < nh; h++) { /* softmax over the selected keys */
                 float *sc = score + (size_t)h * ns, mx = -INFINITY, sum = 0.0f;
@@ -1485,11 +1512,19 @@ static void mla_attend_absorbed(const Model *m, const Layer *L, const KVCache *k
                 for (int j = 0; j < ns; j++) { sc[j] = expf(sc[j] - mx); sum += sc[j]; }
                 for (int j = 0; j < ns; j++) sc[j] /= sum;
             }
-            float *o = s->o_lat + ((size_t)t * NH + h0) * KR;
-            memset(o, 0, (size_t)nh * KR * sizeof(float));
-            for (int j = 0; j < ns; j++) {
-                const float *row = latent + (size_t)sel[j] * AD;
-                for (int h = 0; h < nh; h++) axpy(o + (size_t)h * KR, score[(size_t)h * ns + j], row, KR);
+            if (attn_gemm) { /* o[h] = Σ_j p[h][j] · row j[0:KR]: the rows are k-major already (ldp = AD) */
+                float *keys = g_panel + (size_t)thread_id() * g_panel_stride;
+                for (int j0 = 0; j0 < ns; j0 += 32) {
+                    int nk = ns - j0 < 32 ? ns - j0 : 32;
+                    const float *rows = key_rows(latent, AD, sel + j0, nk, keys);
+                    for (int d0 = 0; d0 < KR; d0 += 32)
+                        kernels.gemm_panel(rows + d0, AD, nk, score + j0, ns, nh, o + d0, KR, KR - d0 < 32 ? KR - d0 : 32);
+                }
+            } else {
+                for (int j = 0; j < ns; j++) {
+                    const float *row = latent + (size_t)sel[j] * AD;
+                    for (int h = 0; h < nh; h++) axpy(o + (size_t)h * KR, score[(size_t)h * ns + j], row, KR);
+                }
             }
         }
     }

@@ -213,9 +213,10 @@ typedef struct {
     /* y[i] = W[r0+i]·x for i < nr; x_split: x as matvec_split_x orders it for W */
     void (*matvec)(const Mat *W, int r0, int nr, const float *x, const float *x_split, float *y);
     void (*dequant_row)(const Mat *W, int r, float *out);
-    /* Y[t*ldy + j] += Σ_k P[k*32 + j]·X[t*ldx + k], j < nj <= 32, t < n, k < K: the prefill
-     * product against a panel of 32 dequantized rows stored k-major */
-    void (*gemm_panel)(const float *P, int K, const float *X, int ldx, int n, float *Y, int ldy, int nj);
+    /* Y[t*ldy + j] += Σ_k P[k*ldp + j]·X[t*ldx + k], j < nj <= 32, t < n, k < K: the prefill
+     * product against a panel of 32 dequantized rows stored k-major (ldp = 32), also used
+     * on any k-major block (W_UK, cached latent rows) in place */
+    void (*gemm_panel)(const float *P, int ldp, int K, const float *X, int ldx, int n, float *Y, int ldy, int nj);
     /* the same with bf16 inputs, P as pairs [K/2][32][2], K even (only with --prefill-bf16) */
     void (*gemm_panel_bf16)(const uint16_t *P, int K, const uint16_t *X, int ldx, int n, float *Y, int ldy, int nj);
     /* P[k*32 + j] = rows[j*ld + k], j < 32, k < K rounded down to 16: build a panel */

@@ -307,16 +307,17 @@ static double fma_peak_avx512(void) {
     return sink == 42.0f ? 0.0 : 2.0 * 16 * 12 * iters * threads / dt;
 }
 
-/* Prefill GEMM micro-kernel: Y[t*ldy + j] += Σ_k P[k*32 + j] · X[t*ldx + k] for j < nj
- * (≤ 32 rows of W, k-major in the panel P), t < n tokens, k < K. T tokens at a time keep
- * 2T accumulators (32 rows each) in registers; each X element is broadcast once. */
+/* Prefill GEMM micro-kernel: Y[t*ldy + j] += Σ_k P[k*ldp + j] · X[t*ldx + k] for j < nj
+ * (≤ 32 rows of W, k-major in the panel P, usually ldp = 32), t < n tokens, k < K. T
+ * tokens at a time keep 2T accumulators (32 rows each) in registers; each X element is
+ * broadcast once. Lanes past nj are neither loaded nor stored. */
 #define GEMM_TILE(T)                                                                          \
-    AVX512 static inline void gemm_tile##T(const float *P, int K, const float *X, int ldx,     \
+    AVX512 static inline void gemm_tile##T(const float *P, int ldp, int K, const float *X, int ldx, \
                                             float *Y, int ldy, __mmask16 m0, __mmask16 m1) {   \
         __m512 acc[T][2];                                                                      \
         for (int j = 0; j < T; j++) acc[j][0] = acc[j][1] = _mm512_setzero_ps();               \
         for (int k = 0; k < K; k++) {                                                          \
-            __m512 p0 = _mm512_loadu_ps(P + (size_t)k * 32), p1 = _mm512_loadu_ps(P + (size_t)k * 32 + 16); \
+            __m512 p0 = _mm512_maskz_loadu_ps(m0, P + (size_t)k * ldp), p1 = _mm512_maskz_loadu_ps(m1, P + (size_t)k * ldp + 16); \
             _Pragma("GCC unroll 12") for (int j = 0; j < T; j++) {                             \
                 __m512 xb = _mm512_set1_ps(X[(size_t)j * ldx + k]);                            \
                 acc[j][0] = _mm512_fmadd_ps(p0, xb, acc[j][0]);                                \
@@ -372,12 +373,12 @@ AVX512 static void pack_panel_avx512(const float *rows, int ld, int K, float *P)
 /* Lanes of a 16-row half of a panel that hold real rows (nj may be past 16 or below 0). */
 static inline __mmask16 row_mask(int nj) { return nj >= 16 ? 0xFFFF : nj <= 0 ? 0 : (__mmask16)((1u << nj) - 1); }
 
-AVX512 static void gemm_panel_avx512(const float *P, int K, const float *X, int ldx, int n, float *Y, int ldy, int nj) {
+AVX512 static void gemm_panel_avx512(const float *P, int ldp, int K, const float *X, int ldx, int n, float *Y, int ldy, int nj) {
     __mmask16 m0 = row_mask(nj), m1 = row_mask(nj - 16);
     int t = 0;
-    for (; t + 12 <= n; t += 12) gemm_tile12(P, K, X + (size_t)t * ldx, ldx, Y + (size_t)t * ldy, ldy, m0, m1);
-    for (; t + 4 <= n; t += 4) gemm_tile4(P, K, X + (size_t)t * ldx, ldx, Y + (size_t)t * ldy, ldy, m0, m1);
-    for (; t < n; t++) gemm_tile1(P, K, X + (size_t)t * ldx, ldx, Y + (size_t)t * ldy, ldy, m0, m1);
+    for (; t + 12 <= n; t += 12) gemm_tile12(P, ldp, K, X + (size_t)t * ldx, ldx, Y + (size_t)t * ldy, ldy, m0, m1);
+    for (; t + 4 <= n; t += 4) gemm_tile4(P, ldp, K, X + (size_t)t * ldx, ldx, Y + (size_t)t * ldy, ldy, m0, m1);
+    for (; t < n; t++) gemm_tile1(P, ldp, K, X + (size_t)t * ldx, ldx, Y + (size_t)t * ldy, ldy, m0, m1);
 }
 
 /* The same product with bf16 inputs (AVX512-BF16): P holds the 32 rows as bf16 pairs

@@ -103,26 +103,28 @@ static int test_set(const char *want) {
     }
     /* the prefill micro-kernel: every token-group path (12, 4, 1) and partial panels */
     const int gemm_cases[][3] = {{1, 1, 32}, {5, 7, 17}, {17, 33, 32}, {29, 100, 9}, {64, 512, 32}, {3, 513, 16}};
-    for (int c = 0; c < 6 && simd.gemm_panel; c++) {
-        int n = gemm_cases[c][0], K = gemm_cases[c][1], nj = gemm_cases[c][2], ldx = K + 3, ldy = nj + 5;
-        float *P = malloc((size_t)K * 32 * 4), *X = malloc((size_t)n * ldx * 4), *Y = malloc((size_t)n * ldy * 4);
-        for (int i = 0; i < K * 32; i++) P[i] = rndf();
+    for (int c = 0; c < 12 && simd.gemm_panel; c++) { /* each case with ldp 32, then with a row stride of nj + 13 */
+        int n = gemm_cases[c % 6][0], K = gemm_cases[c % 6][1], nj = gemm_cases[c % 6][2], ldx = K + 3, ldy = nj + 5;
+        int ldp = c < 6 ? 32 : nj + 13;
+        /* exactly K rows of ldp: a read past the last lane used shows under ASan */
+        float *P = malloc((size_t)((K - 1) * ldp + nj) * 4), *X = malloc((size_t)n * ldx * 4), *Y = malloc((size_t)n * ldy * 4);
+        for (int i = 0; i < (K - 1) * ldp + nj; i++) P[i] = rndf();
         for (int i = 0; i < n * ldx; i++) X[i] = rndf();
         for (int i = 0; i < n * ldy; i++) Y[i] = 0.5f;
-        simd.gemm_panel(P, K, X, ldx, n, Y, ldy, nj);
+        simd.gemm_panel(P, ldp, K, X, ldx, n, Y, ldy, nj);
         double worst = 0;
         int untouched = 1;
         for (int t = 0; t < n; t++) {
             for (int j = 0; j < nj; j++) {
                 double ref = 0.5, mag = 0.5;
-                for (int k = 0; k < K; k++) { ref += (double)P[k * 32 + j] * X[t * ldx + k]; mag += fabs((double)P[k * 32 + j] * X[t * ldx + k]); }
+                for (int k = 0; k < K; k++) { ref += (double)P[k * ldp + j] * X[t * ldx + k]; mag += fabs((double)P[k * ldp + j] * X[t * ldx + k]); }
                 double e = fabs(ref - Y[t * ldy + j]) / mag;
                 if (e > worst) worst = e;
             }
             for (int j = nj; j < ldy; j++) untouched &= Y[t * ldy + j] == 0.5f; /* lanes past nj stay as they were */
         }
         char what[64];
-        snprintf(what, sizeof what, "gemm_panel n=%d K=%d rows=%d", n, K, nj);
+        snprintf(what, sizeof what, "gemm_panel n=%d K=%d rows=%d ldp=%d", n, K, nj, ldp);
         check(what, worst < 1e-5 && untouched, worst);
         free(P); free(X); free(Y);
     }

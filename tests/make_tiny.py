@@ -201,7 +201,7 @@ def build_config(a):
         "rope_parameters": {"rope_theta": 5000.0, "rope_type": "default"},
         "rope_interleave": True,
         "indexer_rope_interleave": True,
-        "index_topk": 8,
+        "index_topk": a.index_topk,
         "index_n_heads": a.index_heads,
         "index_head_dim": 32,
         "index_topk_freq": a.topk_freq,
@@ -437,6 +437,7 @@ def parse_args(argv=None):
     ap.add_argument("--topk-freq", dest="topk_freq", type=int, default=3)
     ap.add_argument("--skip-offset", dest="skip_offset", type=int, default=2)
     ap.add_argument("--index-heads", dest="index_heads", type=int, default=4)
+    ap.add_argument("--index-topk", dest="index_topk", type=int, default=8)
     ap.add_argument("--kbias", type=float, default=1.0,
                     help="offset added to the no-rope part of the indexer k_norm bias")
     ap.add_argument("--no-indexer-types", dest="no_indexer_types", action="store_true",

@@ -48,6 +48,9 @@ VARIANTS = {
     "ngroup": ["--variant", "bf16", "--seed", "15", "--n-group", "4", "--topk-group", "2",
                "--dense-layers", "1", "--topk-freq", "2", "--skip-offset", "1",
                "--no-indexer-types"],
+    # index_topk 64 > the sequence: every key is selected, so the later positions attend to
+    # 32 consecutive cached rows, which the attention GEMM reads in place (no copy)
+    "topk64": ["--variant", "mxfp4", "--seed", "16", "--index-topk", "64"],
 }
 SEQ_LEN = 48        # logits test sequence (index_topk is 8, so most positions are sparse)
 PROMPT_LEN = 8      # greedy prompt
@@ -330,7 +333,8 @@ def t_ref_indexer_matters():
         r = rel_rows(ld, c["ref_logits"])
         k = c["cfg"]["index_topk"]
         check(r[:k].max() < 1e-12, "%s: positions < index_topk must be dense already (rel %.3g)" % (v, r[:k].max()))
-        check(r[2 * k:].min() > 1e-2, "%s: dense vs sparse only differ by %.3g at a late position" % (v, r[2 * k:].min()))
+        if 2 * k < len(r):  # topk64 selects every key: dense is all it can be
+            check(r[2 * k:].min() > 1e-2, "%s: dense vs sparse only differ by %.3g at a late position" % (v, r[2 * k:].min()))
         c["ref_dense"] = ld
 
 

@@ -434,7 +434,17 @@ int g_no_mmap;
 #define HUGE_PAGE ((size_t)2 << 20)
 
 static const uint8_t *read_into_huge_pages(int fd, const char *path, size_t size, size_t *len) {
-    *len = (size + HUGE_PAGE - 1) & ~(HUGE_PAGE - 1);
+    /* the file starts a few bytes in so that its data section (after the 8-byte length and
+     * the JSON header) is 64-byte aligned: HF writers align it to 8 only, and a vector
+     * load that straddles two cache lines costs two */
+    uint8_t head[8];
+    size_t pad = 0;
+    if (pread(fd, head, 8, 0) == 8) {
+        uint64_t hlen = 0;
+        for (int i = 7; i >= 0; i--) hlen = hlen << 8 | head[i];
+        pad = (64 - (size_t)((8 + hlen) % 64)) % 64;
+    }
+    *len = (size + pad + HUGE_PAGE - 1) & ~(HUGE_PAGE - 1);
     uint8_t *raw = mmap(NULL, *len + HUGE_PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (raw == MAP_FAILED) glm_fatal("%s: --no-mmap: cannot allocate %.2f GB: %s", path, size / 1e9, strerror(errno));
     uint8_t *p = (uint8_t *)(((uintptr_t)raw + HUGE_PAGE - 1) & ~(uintptr_t)(HUGE_PAGE - 1));
@@ -444,13 +454,13 @@ static const uint8_t *read_into_huge_pages(int fd, const char *path, size_t size
     double t0 = now_s();
     for (size_t got = 0; got < size;) {
         size_t want = size - got < ((size_t)64 << 20) ? size - got : ((size_t)64 << 20);
-        ssize_t r = pread(fd, p + got, want, (off_t)got);
+        ssize_t r = pread(fd, p + pad + got, want, (off_t)got);
         if (r <= 0) glm_fatal("%s: read failed at byte %zu: %s", path, got, r < 0 ? strerror(errno) : "unexpected end of file");
         got += (size_t)r;
         if (size > ((size_t)256 << 20)) progress("loading", got, size, t0);
     }
     mprotect(p, *len, PROT_READ);
-    return p;
+    return p + pad; /* checkpoint_close unmaps from the 2 MB page below */
 }
 
 static void shard_open(Checkpoint *ck, const char *file) {
@@ -532,7 +542,9 @@ void checkpoint_open(Checkpoint *ck, const char *dir) {
 
 void checkpoint_close(Checkpoint *ck) {
     for (int s = 0; s < ck->n_shards; s++) {
-        if (ck->shards[s].map) munmap((void *)ck->shards[s].map, ck->shards[s].map_len);
+        if (ck->shards[s].map && ck->shards[s].map_len != ck->shards[s].size) /* --no-mmap: from the 2 MB page */
+            munmap((void *)((uintptr_t)ck->shards[s].map & ~(uintptr_t)(HUGE_PAGE - 1)), ck->shards[s].map_len);
+        else if (ck->shards[s].map) munmap((void *)ck->shards[s].map, ck->shards[s].size);
         free(ck->shards[s].path);
     }
     for (int t = 0; t < ck->n_tensors; t++) free(ck->tensors[t].name);

@@ -237,8 +237,8 @@ typedef struct {
     double (*fma_peak)(void);                                  /* fp32 FLOP/s, all threads */
 } Kernels;
 extern Kernels kernels;
-/* x reordered the way the SIMD matvec reads it for W's format (MXFP4: each 32-block as
- * its 16 even then 16 odd elements; FP8: the same per 64-block); untouched otherwise */
+/* x prepared the way the SIMD matvec reads it for W's format (MXFP4: each 32-block as
+ * its 16 even then 16 odd elements; FP8: x * 2^64); untouched otherwise */
 void matvec_split_x(const Mat *W, const float *x, float *xs);
 void kernels_init(const char *want);   /* want "c" forces the plain loops, "avx2" the AVX2 set */
 

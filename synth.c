@@ -115,7 +115,8 @@ static void fill(const SynthTensor *t, uint8_t *buf, size_t off, size_t n, uint6
 }
 
 static void write_shard(const char *dir, const char *file, SynthTensor *t, int n, uint64_t seed, size_t *done, size_t total, double t0) {
-    /* header: {"name": {"dtype":..,"shape":[..],"data_offsets":[b,e]}, ...} padded to 8 bytes */
+    /* header: {"name": {"dtype":..,"shape":[..],"data_offsets":[b,e]}, ...} padded with spaces
+     * so the data section starts 64-byte aligned in the file (and so in the mmap) */
     size_t cap = 1 << 16, len = 0, off = 0;
     char *h = malloc(cap);
     if (!h) glm_fatal("out of memory");
@@ -130,7 +131,7 @@ static void write_shard(const char *dir, const char *file, SynthTensor *t, int n
         off += t[i].nbytes;
     }
     h[len++] = '}';
-    while (len % 8) h[len++] = ' ';
+    while ((8 + len) % 64) h[len++] = ' ';
 
     char path[4096], tmp[4200];
     snprintf(path, sizeof path, "%s/%s", dir, file);

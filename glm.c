@@ -1121,17 +1121,20 @@ static void matmul_rows(float *y, int ldy, const float *x, int ldx, const Mat *W
     g_flops += 2.0 * nr * W->cols * n;
     /* threads only pay off when there is real work: a tiny product runs on one */
     const int parallel = (double)nr * W->cols * (n < 8 ? n : 8) > g_parallel_min;
-    if (n == 1 && kernels.matvec) { /* each thread takes one contiguous run of rows */
+    if (n == 1 && kernels.matvec) {
+        /* rows in runs of ~1 MB of weights, handed out as threads free up: each run is one
+         * sequential stream, and a thread the machine slows down does not keep the other
+         * waiting at the end (measured 1.10x over one fixed half per thread) */
         float *xs = g_x_split + (size_t)thread_id() * g_scratch_cols;
         matvec_split_x(W, x, xs);
-#pragma omp parallel if (parallel)
-        {
-            int nt = 1, id = 0;
-#ifdef _OPENMP
-            nt = omp_get_num_threads(); id = omp_get_thread_num();
-#endif
-            int per = ((nr + nt - 1) / nt + 3) & ~3, lo = id * per, hi = lo + per < nr ? lo + per : nr;
-            if (lo < hi) kernels.matvec(W, r0 + lo, hi - lo, x, xs, y + lo);
+        const size_t row_bytes = W->bytes / W->rows + 1;
+        int run = (int)((1u << 20) / row_bytes) & ~3;
+        if (run < 4) run = 4;
+        const int nrun = (nr + run - 1) / run;
+#pragma omp parallel for schedule(dynamic, 1) if (parallel)
+        for (int b = 0; b < nrun; b++) {
+            int lo = b * run, hi = lo + run < nr ? lo + run : nr;
+            kernels.matvec(W, r0 + lo, hi - lo, x, xs, y + lo);
         }
         return;
     }

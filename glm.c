@@ -1227,7 +1227,7 @@ static void matmul(float *y, const float *x, const Mat *W, int n) {
 /* ======================================================================== */
 /* 6. the forward pass                                                      */
 
-#define ATTN_HEAD_BLOCK 16       /* heads that share one pass over the selected cache rows */
+#define ATTN_HEAD_BLOCK 32       /* heads that share one pass over the selected cache rows */
 
 /* Scratch for one chunk of up to `cap` tokens; allocated once, reused for every step. */
 typedef struct {
@@ -1412,7 +1412,8 @@ static void indexer_select(const Model *m, const Layer *L, KVCache *kv, RunState
         layernorm(k, s->ix_k + (size_t)t * ID, L->ix_knorm_w, L->ix_knorm_b, ID, 1e-6f);
         rope(k, c->qk_rope, pos0 + t, c->rope_theta);
     }
-    /* one token (decode): its keys are split across threads; several: the tokens are */
+    /* several tokens: split across threads; one token (decode): its keys are */
+    const int ix_gemm = kernels.gemm_panel && kernels.pack_panel && IH <= 32 && ID % 16 == 0 && (size_t)ID * 64 + 256 * 32 <= g_panel_stride;
     const int by_key = n == 1;
 #pragma omp parallel for schedule(dynamic, 1) if (!by_key)
     for (int t = 0; t < n; t++) {
@@ -1424,8 +1425,33 @@ static void indexer_select(const Model *m, const Layer *L, KVCache *kv, RunState
         }
         float *score = s->scores + (size_t)thread_id() * ATTN_HEAD_BLOCK * kv->ctx;
         const float *q = s->ix_q + (size_t)t * IH * ID, *w = s->ix_w + (size_t)t * IH;
+        if (ix_gemm) { /* keys x heads dot products as a GEMM: the keys are the "tokens", the
+                        * heads the rows of a panel of q transposed; 256 keys at a time */
+            float *qt = g_panel + (size_t)thread_id() * g_panel_stride, *qh = qt + (size_t)ID * 32; /* [ID][32], then [256][32] per thread */
+            for (int h = 0; h < 32; h++) /* pack_panel wants 32 rows; heads past IH are zero */
+                if (h >= IH) memset(qh + (size_t)h * ID, 0, (size_t)ID * sizeof(float));
+                else memcpy(qh + (size_t)h * ID, q + (size_t)h * ID, (size_t)ID * sizeof(float));
+            kernels.pack_panel(qh, ID, ID, qt);
+            const float q_scale = 1.0f / sqrtf((float)ID), w_scale = 1.0f / sqrtf((float)IH);
+#pragma omp parallel for schedule(dynamic, 1) if (by_key && visible > 512)
+            for (int j0 = 0; j0 < visible; j0 += 256) {
+                int nk = visible - j0 < 256 ? visible - j0 : 256;
+                float *kh = g_panel + (size_t)thread_id() * g_panel_stride + (size_t)ID * 32; /* after qt */
+                memset(kh, 0, (size_t)nk * 32 * sizeof(float));
+                kernels.gemm_panel(qt, 32, ID, cache + (size_t)j0 * ID, ID, nk, kh, 32, IH);
+                for (int j = 0; j < nk; j++) { /* Σ_h w_h · relu(q_h·k / sqrt(ID)), as index_score */
+                    float sum = 0.0f;
+                    for (int h = 0; h < IH; h++) {
+                        float d = kh[(size_t)j * 32 + h] * q_scale;
+                        sum += (w[h] * w_scale) * (d > 0.0f ? d : 0.0f);
+                    }
+                    score[j0 + j] = sum;
+                }
+            }
+        } else {
 #pragma omp parallel for schedule(static) if (by_key && visible > 256)
-        for (int j = 0; j < visible; j++) score[j] = index_score(q, w, cache + (size_t)j * ID, IH, ID);
+            for (int j = 0; j < visible; j++) score[j] = index_score(q, w, cache + (size_t)j * ID, IH, ID);
+        }
         topk_select(score, visible, K, sel);
         s->n_sel[t] = K;
     }

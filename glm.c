@@ -953,9 +953,11 @@ void model_free(Model *m) {
 /*
  * Every Linear goes through matmul(): y[n][rows] = x[n][cols] · Wᵀ, fp32
  * accumulation, rows split across threads. For one token (decode) each row is
- * dotted straight from its packed form; for several tokens (prefill) a row is
- * dequantized once into a per-thread buffer and reused for every token, so each
- * weight byte is read once per batch.
+ * dotted straight from its packed form (row_dot here, SIMD in simd.c). For several
+ * tokens (prefill) each weight is dequantized once per chunk of tokens and reused
+ * for all of them: here a row at a time into a buffer; with SIMD, 32 rows at a time
+ * into a k-major panel that a register tile of tokens streams through, in bf16 where
+ * the CPU has it (g_prefill_bf16; few tokens skip the panel, see matmul_rows).
  */
 
 /* Prompts run in chunks of this many tokens: each weight panel is dequantized once

@@ -423,44 +423,6 @@ GEMM_TILE_BF16(1)
  * this instruction, which only matters for values below 1e-38). */
 BF16 static inline __m256i bf16_round16(__m512 v) { return (__m256i)_mm512_cvtneps_pbh(v); }
 
-/* A bf16 panel of one k-chunk, for gemm_panel_bf16: P[p*32 + j] = the pair (W[r+j][k0+2p],
- * W[r+j][k0+2p+1]) as two bf16 in one 32-bit word, p < kc/2, j < 32; rows past nj, and
- * columns past the matrix, are zero. Two neighbouring elements of a row are one word,
- * so this is a 32-bit transpose of the dequantized rows: each row goes through a small
- * staging buffer (stage[32][kc/2] words, hot in L1/L2) and 16x16 blocks are transposed
- * into the panel. kc is a multiple of 32 (the caller pads the chunk at the row end) and
- * k0 a multiple of 32. Building a chunk at a time keeps everything in cache: a panel of
- * a whole row of 32 rows is 0.8 MB at GLM widths. */
-BF16 static void build_panel_bf16_avx512(const Mat *W, int r, int nj, int k0, int kc, uint32_t *stage, uint32_t *panel) {
-    const int n = W->cols, valid = n - k0 < kc ? n - k0 : kc, words = kc / 2;
-    float tmp[512 + 32];
-    if (W->fmt == WF_BF16 && nj == 32 && valid == kc && n % 2 == 0) { /* already bf16 pairs: transpose from the file */
-        const uint16_t *w = (const uint16_t *)W->w + (size_t)r * n + k0;
-        for (int p = 0; p < words; p += 16)
-            for (int j = 0; j < 32; j += 16)
-                transpose16x16((const float *)(w + (size_t)j * n + 2 * p), n / 2, (float *)(panel + (size_t)p * 32 + j), 32);
-        return;
-    }
-    for (int j = 0; j < 32; j++) {
-        uint32_t *row = stage + (size_t)j * words;
-        if (j >= nj) { memset(row, 0, (size_t)words * 4); continue; }
-        if (W->fmt == WF_BF16 && valid == kc) { /* already bf16 pairs */
-            memcpy(row, (const uint16_t *)W->w + (size_t)(r + j) * n + k0, (size_t)kc * 2);
-            continue;
-        }
-        for (int c = 0; c < kc; c += 512) { /* dequantize, round, store */
-            int len = kc - c < 512 ? kc - c : 512, have = valid - c < len ? valid - c : len;
-            if (have > 0) dequant_range_avx512(W, r + j, k0 + c, have, tmp);
-            for (int i = have < 0 ? 0 : have; i < len; i++) tmp[i] = 0.0f;
-            for (int i = 0; i < len; i += 16)
-                _mm256_storeu_si256((__m256i *)((uint16_t *)(row + c / 2) + i), bf16_round16(_mm512_loadu_ps(tmp + i)));
-        }
-    }
-    for (int p = 0; p < words; p += 16)
-        for (int j = 0; j < 32; j += 16)
-            transpose16x16((const float *)(stage + (size_t)j * words + p), words, (float *)(panel + (size_t)p * 32 + j), 32);
-}
-
 /* xb[0..kpad) = bf16(x[0..n)) then zeros: one token's activations for gemm_panel_bf16. */
 BF16 static void round_bf16_avx512(const float *x, int n, uint16_t *xb, int kpad) {
     int i = 0;
@@ -472,6 +434,72 @@ BF16 static void round_bf16_avx512(const float *x, int n, uint16_t *xb, int kpad
     }
     for (; i < kpad; i++) xb[i] = 0;
 }
+
+/* out[0..kc) = bf16 of W[r][k0 .. k0+kc), zeros past the last column (k0 a multiple of
+ * 32): the one conversion both bf16 products start from. BF16 is copied, MXFP4 turned
+ * into words directly (byte i -> the pair bf16(lo)·s, bf16(hi)·s; e2m1·2^k is exact in
+ * bf16), FP8 and F32 go through fp32 and are rounded (FP8 times its block scale is not
+ * exact in bf16). */
+BF16 static void bf16_row_range(const Mat *W, int r, int k0, int kc, uint16_t *out) {
+    const int n = W->cols, valid = n - k0 < kc ? n - k0 : kc;
+    switch (W->fmt) {
+    case WF_BF16:
+        memcpy(out, (const uint16_t *)W->w + (size_t)r * n + k0, (size_t)valid * 2);
+        break;
+    case WF_MXFP4: {
+        const uint8_t *w = W->w + (size_t)r * (n / 2), *sc = W->mx_scale + (size_t)r * (n / 32);
+        const __m512 lut = _mm512_loadu_ps(e2m1_value);
+        const __m512i top = _mm512_set1_epi32((int)0xFFFF0000u);
+        for (int b = k0 / 32; b < (k0 + valid) / 32; b++) {
+            __m512 ls = _mm512_mul_ps(lut, _mm512_set1_ps(e8m0_table[sc[b]]));
+            __m512i d = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(w + 16 * b)));
+            __m512i lo = _mm512_castps_si512(_mm512_permutexvar_ps(d, ls));
+            __m512i hi = _mm512_castps_si512(_mm512_permutexvar_ps(_mm512_srli_epi32(d, 4), ls));
+            /* (lo >> 16) | (hi & top): ternary logic A|(B&C) is 0xF8 */
+            _mm512_storeu_si512(out + 32 * b - k0, _mm512_ternarylogic_epi32(_mm512_srli_epi32(lo, 16), hi, top, 0xF8));
+        }
+        break;
+    }
+    default: {
+        float tmp[512];
+        for (int k = 0; k < valid; k += 512) {
+            int len = valid - k < 512 ? valid - k : 512;
+            dequant_range_avx512(W, r, k0 + k, len, tmp);
+            round_bf16_avx512(tmp, len, out + k, len);
+        }
+        break;
+    }
+    }
+    for (int k = valid < 0 ? 0 : valid; k < kc; k++) out[k] = 0;
+}
+
+/* A bf16 panel of one k-chunk, for gemm_panel_bf16: P[p*32 + j] = the pair (W[r+j][k0+2p],
+ * W[r+j][k0+2p+1]) as two bf16 in one 32-bit word, p < kc/2, j < 32; rows past nj, and
+ * columns past the matrix, are zero. Two neighbouring elements of a row are one word,
+ * so this is a 32-bit transpose of the dequantized rows: each row goes through a small
+ * staging buffer (stage[32][kc/2] words, hot in L1/L2) and 16x16 blocks are transposed
+ * into the panel. kc is a multiple of 32 (the caller pads the chunk at the row end) and
+ * k0 a multiple of 32. Building a chunk at a time keeps everything in cache: a panel of
+ * a whole row of 32 rows is 0.8 MB at GLM widths. */
+BF16 static void build_panel_bf16_avx512(const Mat *W, int r, int nj, int k0, int kc, uint32_t *stage, uint32_t *panel) {
+    const int n = W->cols, words = kc / 2;
+    if (W->fmt == WF_BF16 && nj == 32 && k0 + kc <= n && n % 2 == 0) { /* already bf16 pairs: transpose from the file */
+        const uint16_t *w = (const uint16_t *)W->w + (size_t)r * n + k0;
+        for (int p = 0; p < words; p += 16)
+            for (int j = 0; j < 32; j += 16)
+                transpose16x16((const float *)(w + (size_t)j * n + 2 * p), n / 2, (float *)(panel + (size_t)p * 32 + j), 32);
+        return;
+    }
+    for (int j = 0; j < 32; j++) {
+        uint16_t *row = (uint16_t *)(stage + (size_t)j * words);
+        if (j < nj) bf16_row_range(W, r + j, k0, kc, row);
+        else memset(row, 0, (size_t)kc * 2);
+    }
+    for (int p = 0; p < words; p += 16)
+        for (int j = 0; j < 32; j += 16)
+            transpose16x16((const float *)(stage + (size_t)j * words + p), words, (float *)(panel + (size_t)p * 32 + j), 32);
+}
+
 
 BF16 static void gemm_panel_bf16_avx512(const uint16_t *P, int K, const uint16_t *X, int ldx, int n, float *Y, int ldy, int nj) {
     __mmask16 m0 = row_mask(nj), m1 = row_mask(nj - 16);
@@ -489,38 +517,6 @@ BF16 static void gemm_panel_bf16_avx512(const uint16_t *P, int K, const uint16_t
  * are summed across lanes at the end.
  *   y[t*ldy + i] = Σ_k W[r0+i][k] · X[t*ldx + k], i < nr, t < n;
  * X bf16, zero-padded to kp = cols rounded up to 32; wbuf: [4][kp] bf16 of scratch. */
-BF16 static void bf16_rows(const Mat *W, int r, int kp, uint16_t *out) { /* one row as kp bf16 */
-    const int n = W->cols;
-    switch (W->fmt) {
-    case WF_BF16:
-        memcpy(out, (const uint16_t *)W->w + (size_t)r * n, (size_t)n * 2);
-        break;
-    case WF_MXFP4: { /* byte i -> the word (bf16(lo)·s, bf16(hi)·s); e2m1·2^k is exact in bf16 */
-        const uint8_t *w = W->w + (size_t)r * (n / 2), *sc = W->mx_scale + (size_t)r * (n / 32);
-        const __m512 lut = _mm512_loadu_ps(e2m1_value);
-        const __m512i top = _mm512_set1_epi32((int)0xFFFF0000u);
-        for (int b = 0; b < n / 32; b++) {
-            __m512 ls = _mm512_mul_ps(lut, _mm512_set1_ps(e8m0_table[sc[b]]));
-            __m512i d = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(w + 16 * b)));
-            __m512i lo = _mm512_castps_si512(_mm512_permutexvar_ps(d, ls));
-            __m512i hi = _mm512_castps_si512(_mm512_permutexvar_ps(_mm512_srli_epi32(d, 4), ls));
-            /* (lo >> 16) | (hi & top): ternary logic A|(B&C) is 0xF8 */
-            _mm512_storeu_si512(out + 32 * b, _mm512_ternarylogic_epi32(_mm512_srli_epi32(lo, 16), hi, top, 0xF8));
-        }
-        break;
-    }
-    default: { /* FP8 and F32: fp32 first, then round (FP8 times its block scale is not exact in bf16) */
-        float tmp[512];
-        for (int k = 0; k < n; k += 512) {
-            int len = n - k < 512 ? n - k : 512;
-            dequant_range_avx512(W, r, k, len, tmp);
-            round_bf16_avx512(tmp, len, out + k, len);
-        }
-        break;
-    }
-    }
-    for (int k = n; k < kp; k++) out[k] = 0;
-}
 
 #define ROWS_TILE_BF16(T)                                                                       \
     BF16 static void rows_bf16_tile##T(const uint16_t *wb, int kp, const uint16_t *X, int ldx, float *Y, int ldy, int nr) { \
@@ -546,7 +542,7 @@ BF16 static void gemm_rows_bf16_avx512(const Mat *W, int r0, int nr, const uint1
     for (int i = 0; i < nr; i += 4) {
         int rows = nr - i < 4 ? nr - i : 4;
         for (int j = 0; j < 4; j++) {
-            if (j < rows) bf16_rows(W, r0 + i + j, kp, wbuf + (size_t)j * kp);
+            if (j < rows) bf16_row_range(W, r0 + i + j, 0, kp, wbuf + (size_t)j * kp);
             else memset(wbuf + (size_t)j * kp, 0, (size_t)kp * 2);
         }
         int t = 0;

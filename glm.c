@@ -334,6 +334,7 @@ int checkpoint_add_shard(Checkpoint *ck, const char *path, const uint8_t *map, s
     sh->path = p;
     sh->map = map;
     sh->size = size;
+    sh->map_base = (void *)map; /* shard_open changes these for --no-mmap */
     sh->map_len = size;
     sh->data = map + 8 + hlen;
     sh->data_size = size - 8 - (size_t)hlen;
@@ -424,7 +425,6 @@ int shard_index_check(const Checkpoint *ck, const ShardIndex *ix, const char *pa
     return 0;
 }
 
-/* Maps one shard file of the checkpoint folder and appends it (CLI: errors are fatal). */
 /* --no-mmap: read each shard into anonymous memory on 2 MB pages instead of mapping the
  * file. It costs a copy of the checkpoint in RAM and the load time, and buys decode
  * speed: a token reads every weight once, and over GBs of 4 KB pages the TLB misses
@@ -433,7 +433,7 @@ int shard_index_check(const Checkpoint *ck, const ShardIndex *ix, const char *pa
 int g_no_mmap;
 #define HUGE_PAGE ((size_t)2 << 20)
 
-static const uint8_t *read_into_huge_pages(int fd, const char *path, size_t size, size_t *len) {
+static const uint8_t *read_into_huge_pages(int fd, const char *path, size_t size, void **base, size_t *len) {
     /* the file starts a few bytes in so that its data section (after the 8-byte length and
      * the JSON header) is 64-byte aligned: HF writers align it to 8 only, and a vector
      * load that straddles two cache lines costs two */
@@ -460,9 +460,11 @@ static const uint8_t *read_into_huge_pages(int fd, const char *path, size_t size
         if (size > ((size_t)256 << 20)) progress("loading", got, size, t0);
     }
     mprotect(p, *len, PROT_READ);
-    return p + pad; /* checkpoint_close unmaps from the 2 MB page below */
+    *base = p;
+    return p + pad;
 }
 
+/* Maps one shard file of the checkpoint folder and appends it (CLI: errors are fatal). */
 static void shard_open(Checkpoint *ck, const char *file) {
     char *path = path_join(ck->dir, file);
     int fd = open(path, O_RDONLY);
@@ -471,14 +473,17 @@ static void shard_open(Checkpoint *ck, const char *file) {
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) glm_fatal("%s: not a regular file", path);
     size_t size = (size_t)st.st_size, map_len = size;
     const uint8_t *map = NULL;
-    if (size >= 8 && g_no_mmap) map = read_into_huge_pages(fd, path, size, &map_len);
+    void *map_base = NULL;
+    if (size >= 8 && g_no_mmap) map = read_into_huge_pages(fd, path, size, &map_base, &map_len);
     else if (size >= 8) { /* shorter: checkpoint_add_shard says "truncated" */
         map = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
         if (map == MAP_FAILED) glm_fatal("%s: mmap failed: %s", path, strerror(errno));
+        map_base = (void *)map;
     }
     close(fd);
     char err[1024];
     if (checkpoint_add_shard(ck, path, map, size, err, sizeof err)) glm_fatal("%s", err);
+    ck->shards[ck->n_shards - 1].map_base = map_base;
     ck->shards[ck->n_shards - 1].map_len = map_len;
     free(path);
 }
@@ -542,9 +547,7 @@ void checkpoint_open(Checkpoint *ck, const char *dir) {
 
 void checkpoint_close(Checkpoint *ck) {
     for (int s = 0; s < ck->n_shards; s++) {
-        if (ck->shards[s].map && ck->shards[s].map_len != ck->shards[s].size) /* --no-mmap: from the 2 MB page */
-            munmap((void *)((uintptr_t)ck->shards[s].map & ~(uintptr_t)(HUGE_PAGE - 1)), ck->shards[s].map_len);
-        else if (ck->shards[s].map) munmap((void *)ck->shards[s].map, ck->shards[s].size);
+        if (ck->shards[s].map_base) munmap(ck->shards[s].map_base, ck->shards[s].map_len);
         free(ck->shards[s].path);
     }
     for (int t = 0; t < ck->n_tensors; t++) free(ck->tensors[t].name);

@@ -102,7 +102,8 @@ typedef struct {
     char *path;
     const uint8_t *map;      /* whole file: mmap'd, or read into memory with --no-mmap */
     size_t size;
-    size_t map_len;          /* bytes to unmap at close (size, or rounded up to 2 MB pages) */
+    void *map_base;          /* what checkpoint_close unmaps: map, or the 2 MB page --no-mmap read it into */
+    size_t map_len;          /* its length in bytes */
     const uint8_t *data;     /* start of the data section (8 + header length) */
     size_t data_size;
 } Shard;

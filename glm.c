@@ -956,11 +956,12 @@ void model_free(Model *m) {
 /*
  * Every Linear goes through matmul(): y[n][rows] = x[n][cols] · Wᵀ, fp32
  * accumulation, rows split across threads. For one token (decode) each row is
- * dotted straight from its packed form (row_dot here, SIMD in simd.c). For several
+ * dotted straight from its packed form (row_dot here, SIMD in simd.c, with x rounded
+ * to bf16 where the CPU has AVX512-BF16, see g_act_bf16). For several
  * tokens (prefill) each weight is dequantized once per chunk of tokens and reused
  * for all of them: here a row at a time into a buffer; with SIMD, 32 rows at a time
  * into a k-major panel that a register tile of tokens streams through, in bf16 where
- * the CPU has it (g_prefill_bf16; few tokens skip the panel, see matmul_rows).
+ * the CPU has it (g_act_bf16; few tokens skip the panel, see matmul_rows).
  */
 
 /* Prompts run in chunks of this many tokens: each weight panel is dequantized once
@@ -980,13 +981,16 @@ static float *g_row_scratch;      /* [g_threads][g_scratch_cols] */
 static int g_scratch_cols;
 static double g_bytes_read;       /* weight + cache bytes touched, for GB/s reports */
 static double g_flops;            /* floating-point operations (2 per multiply-add), for FLOP/s reports */
-static float *g_x_split;          /* [g_threads][g_scratch_cols] x reordered for the SIMD matvec, see matvec_split_x */
+static float *g_x_split;          /* [g_threads][g_scratch_cols + 128] x as the SIMD matvec reads it (matvec_split_x / _prepare_bf16) */
 static float *g_panel;            /* [g_threads][g_panel_stride] prefill: a 32-row k-major panel, its 32 rows, a spare row */
 static size_t g_panel_stride;     /* max(65 * g_scratch_cols, PANEL_KC * 32) floats */
-/* Prompt products with activations rounded to bf16 (vdpbf16ps: twice the fp32 FMA rate;
- * ~1e-3 relative error, as llama.cpp's bf16 path) where the CPU has AVX512-BF16: the
- * default; --prefill-fp32 (or GLM_PREFILL=fp32, which the test suites use) keeps fp32. */
-static int g_prefill_bf16 = 1;
+/* Weight products with activations rounded to bf16 (vdpbf16ps; ~1e-3 relative error per
+ * product, as llama.cpp's bf16 path) where the CPU has AVX512-BF16: the default. Prompts:
+ * twice the fp32 FMA rate. Decode: the weights go into the instruction as they are stored
+ * (after a shift or a table lookup), a few instructions per 64 bytes fewer than widening
+ * them to fp32, which keeps a core that is slow or shared up with memory. --fp32 (or
+ * GLM_PRECISION=fp32, which the test suites use) keeps fp32 products. */
+static int g_act_bf16 = 1;
 static uint16_t *g_x_bf16;        /* [cap][g_scratch_cols + 64] activations rounded to bf16 for that mode */
 
 static void scratch_init(int max_cols) {
@@ -998,7 +1002,7 @@ static void scratch_init(int max_cols) {
     if (pm && *pm) g_parallel_min = atof(pm);
     g_scratch_cols = max_cols;
     g_row_scratch = xmalloc((size_t)g_threads * (size_t)max_cols * sizeof(float));
-    g_x_split = xmalloc((size_t)g_threads * max_cols * sizeof(float));
+    g_x_split = xmalloc((size_t)g_threads * (max_cols + 128) * sizeof(float));
     g_panel_stride = (size_t)65 * max_cols > (size_t)PANEL_KC * 32 ? (size_t)65 * max_cols : (size_t)PANEL_KC * 32;
     g_panel = xcalloc((size_t)g_threads * g_panel_stride, sizeof(float));
     g_x_bf16 = xcalloc((size_t)PREFILL_CHUNK * (max_cols + 64), sizeof(uint16_t));
@@ -1130,8 +1134,10 @@ static void matmul_rows(float *y, int ldy, const float *x, int ldx, const Mat *W
         /* rows in runs of ~1 MB of weights, handed out as threads free up: each run is one
          * sequential stream, and a thread the machine slows down does not keep the other
          * waiting at the end (measured 1.10x over one fixed half per thread) */
-        float *xs = g_x_split + (size_t)thread_id() * g_scratch_cols;
-        matvec_split_x(W, x, xs);
+        float *xs = g_x_split + (size_t)thread_id() * (g_scratch_cols + 128);
+        const int bf16 = g_act_bf16 && kernels.matvec_bf16 && W->fmt != WF_F32;
+        if (bf16) matvec_prepare_bf16(W, x, (uint16_t *)xs);
+        else matvec_split_x(W, x, xs);
         const size_t row_bytes = W->bytes / W->rows + 1;
         int run = (int)((1u << 20) / row_bytes) & ~3;
         if (run < 4) run = 4;
@@ -1139,7 +1145,8 @@ static void matmul_rows(float *y, int ldy, const float *x, int ldx, const Mat *W
 #pragma omp parallel for schedule(dynamic, 1) if (parallel)
         for (int b = 0; b < nrun; b++) {
             int lo = b * run, hi = lo + run < nr ? lo + run : nr;
-            kernels.matvec(W, r0 + lo, hi - lo, x, xs, y + lo);
+            if (bf16) kernels.matvec_bf16(W, r0 + lo, hi - lo, (const uint16_t *)xs, y + lo);
+            else kernels.matvec(W, r0 + lo, hi - lo, x, xs, y + lo);
         }
         return;
     }
@@ -1148,7 +1155,7 @@ static void matmul_rows(float *y, int ldy, const float *x, int ldx, const Mat *W
         for (int i = 0; i < nr; i++) y[i] = row_dot(W, r0 + i, x);
         return;
     }
-    if (g_prefill_bf16 && kernels.gemm_panel_bf16) {
+    if (g_act_bf16 && kernels.gemm_panel_bf16) {
         /* the same blocking with bf16 inputs (2x the FMA rate): 32 rows by one k-chunk
          * at a time, the chunk's panel (32 KB) built straight from the file format and
          * streamed through by every token while it sits in L1/L2 */
@@ -1223,7 +1230,7 @@ static void matmul_rows(float *y, int ldy, const float *x, int ldx, const Mat *W
     }
 }
 
-static const char *prefill_precision(void) { return g_prefill_bf16 && kernels.gemm_panel_bf16 ? "bf16" : "fp32"; }
+static const char *product_precision(void) { return g_act_bf16 && kernels.gemm_panel_bf16 ? "bf16" : "fp32"; }
 
 static void matmul(float *y, const float *x, const Mat *W, int n) {
     matmul_rows(y, W->rows, x, W->cols, W, 0, W->rows, n);
@@ -1842,8 +1849,9 @@ static void usage(void) {
             "  convert  IN_DIR OUT_DIR [--attn] [--all-linear]  BF16/FP8 checkpoint -> Quark MXFP4\n"
             "options: --ctx N (context length, default 4096), -t N (threads), --tokenizer FILE (default DIR/tokenizer.json)\n"
             "         --no-mmap: read the weights into 2 MB-page memory instead of mapping the files (faster decode, RAM for a copy)\n"
-            "         --prefill-fp32: prompt products in fp32 (default where the CPU has AVX512-BF16: bf16 activations,\n"
-            "           ~2x faster, ~1e-3 relative error; --prefill-bf16 asks for it, GLM_PREFILL=fp32|bf16 sets the default)\n"
+            "         --fp32: weight products in fp32 (default where the CPU has AVX512-BF16: activations rounded to\n"
+            "           bf16, ~2x faster prefill and faster decode, ~1e-3 relative error; --bf16 asks for it,\n"
+            "           GLM_PRECISION=fp32|bf16 sets the default)\n"
             "sampling: --temp 0 is greedy; defaults --temp 1 --top-p 0.95 (GLM-5.2 generation_config)\n");
 #ifdef GLM_GPU
     fprintf(stderr, "         --gpu (forward pass on the GPU), --gpus N (layers split across N GPUs)\n");
@@ -1878,8 +1886,8 @@ static void parse_args(Args *a, int argc, char **argv) {
         int has = i + 1 < argc;
         if (!strcmp(f, "--decode")) { a->decode = 1; continue; }
         if (!strcmp(f, "--no-think")) { a->no_think = 1; continue; }
-        if (!strcmp(f, "--prefill-bf16")) { g_prefill_bf16 = 1; continue; }
-        if (!strcmp(f, "--prefill-fp32")) { g_prefill_bf16 = 0; continue; }
+        if (!strcmp(f, "--bf16")) { g_act_bf16 = 1; continue; }
+        if (!strcmp(f, "--fp32")) { g_act_bf16 = 0; continue; }
         if (!strcmp(f, "--no-mmap")) { g_no_mmap = 1; continue; }
 #ifdef GLM_GPU
         if (!strcmp(f, "--gpu")) { a->gpu = 1; if (!a->n_gpus) a->n_gpus = 1; continue; }
@@ -2401,15 +2409,15 @@ static int cmd_bench(int argc, char **argv) {
 
     if (json) {
         printf("{\"model\": \"%s\", \"threads\": %d, \"kernels\": \"%s\", \"read_bw_gbs\": %.2f, \"fma_peak_gflops\": %.1f, "
-               "\"prefill_tokens\": %d, \"prefill_precision\": \"%s\", \"prefill_tps\": %.2f, \"prefill_gflops\": %.1f, \"prefill_peak_ratio\": %.3f, "
+               "\"prefill_tokens\": %d, \"precision\": \"%s\", \"prefill_tps\": %.2f, \"prefill_gflops\": %.1f, \"prefill_peak_ratio\": %.3f, "
                "\"decode_tps_ctx0\": %.3f, \"decode_bytes_per_token\": %.0f, \"decode_gbs\": %.2f, \"decode_bw_ratio\": %.3f, "
                "\"long_ctx\": %d, \"decode_tps_long\": %.3f, \"decode_long_bw_ratio\": %.3f, \"read_bw_long_gbs\": %.2f}\n",
-               a.model_dir, g_threads, kernels.name, bw0 / 1e9, peak / 1e9, P, prefill_precision(), P / t_prefill, prefill_flops / 1e9, prefill_flops / peak,
+               a.model_dir, g_threads, kernels.name, bw0 / 1e9, peak / 1e9, P, product_precision(), P / t_prefill, prefill_flops / 1e9, prefill_flops / peak,
                tps0, bytes0, bytes0 * tps0 / 1e9, decode_bw_ratio, L, tpsL, long_bw_ratio, bwL / 1e9);
     } else {
         printf("glm bench: %s (%d threads, %s kernels)\n", a.model_dir, g_threads, kernels.name);
         printf("  machine   read bandwidth %.1f GB/s (around the decode), fp32 FMA peak %.1f GFLOP/s (around the prefill)\n", bw0 / 1e9, peak / 1e9);
-        printf("  prefill   %d tokens (%s products): %.2f tok/s, %.1f GFLOP/s = %.2f x FMA peak\n", P, prefill_precision(), P / t_prefill, prefill_flops / 1e9, prefill_flops / peak);
+        printf("  prefill   %d tokens (%s products): %.2f tok/s, %.1f GFLOP/s = %.2f x FMA peak\n", P, product_precision(), P / t_prefill, prefill_flops / 1e9, prefill_flops / peak);
         printf("  decode    context 0: %.2f tok/s, %.3f GB/token, %.1f GB/s = %.2f x read bandwidth\n", tps0, bytes0 / 1e9,
                bytes0 * tps0 / 1e9, decode_bw_ratio);
         printf("  decode    context %d: %.2f tok/s, %.3f GB/token, %.1f GB/s = %.2f x read bandwidth (%.1f GB/s around it)\n", L, tpsL,
@@ -2427,9 +2435,9 @@ int main(int argc, char **argv) {
     const char *cmd = argv[1];
     number_tables_init();
     kernels_init(getenv("GLM_KERNELS")); /* GLM_KERNELS=c forces the plain C loops */
-    const char *pp = getenv("GLM_PREFILL");
-    if (pp && !strcmp(pp, "fp32")) g_prefill_bf16 = 0;
-    else if (pp && *pp && strcmp(pp, "bf16")) glm_fatal("GLM_PREFILL=%s: expected fp32 or bf16", pp);
+    const char *pp = getenv("GLM_PRECISION");
+    if (pp && !strcmp(pp, "fp32")) g_act_bf16 = 0;
+    else if (pp && *pp && strcmp(pp, "bf16")) glm_fatal("GLM_PRECISION=%s: expected fp32 or bf16", pp);
     if (!strcmp(cmd, "run")) { parse_args(&a, argc, argv); return cmd_run(&a); }
     if (!strcmp(cmd, "logits")) { parse_args(&a, argc, argv); return cmd_logits(&a); }
     if (!strcmp(cmd, "chat")) { parse_args(&a, argc, argv); return cmd_chat(&a); }

@@ -213,12 +213,15 @@ typedef struct {
     const char *name;
     /* y[i] = W[r0+i]·x for i < nr; x_split: x as matvec_split_x orders it for W */
     void (*matvec)(const Mat *W, int r0, int nr, const float *x, const float *x_split, float *y);
+    /* the same with x rounded to bf16 (vdpbf16ps), xb = x as matvec_prepare_bf16 lays it out;
+     * not for F32; FP8 subnormals count as zero */
+    void (*matvec_bf16)(const Mat *W, int r0, int nr, const uint16_t *xb, float *y);
     void (*dequant_row)(const Mat *W, int r, float *out);
     /* Y[t*ldy + j] += Σ_k P[k*ldp + j]·X[t*ldx + k], j < nj <= 32, t < n, k < K: the prefill
      * product against a panel of 32 dequantized rows stored k-major (ldp = 32), also used
      * on any k-major block (W_UK, cached latent rows) in place */
     void (*gemm_panel)(const float *P, int ldp, int K, const float *X, int ldx, int n, float *Y, int ldy, int nj);
-    /* the same with bf16 inputs, P as pairs [K/2][32][2], K even (only with --prefill-bf16) */
+    /* the same with bf16 inputs, P as pairs [K/2][32][2], K even (the default prefill; not with --fp32) */
     void (*gemm_panel_bf16)(const uint16_t *P, int K, const uint16_t *X, int ldx, int n, float *Y, int ldy, int nj);
     /* P[k*32 + j] = rows[j*ld + k], j < 32, k < K rounded down to 16: build a panel */
     void (*pack_panel)(const float *rows, int ld, int K, float *P);
@@ -241,6 +244,9 @@ extern Kernels kernels;
 /* x prepared the way the SIMD matvec reads it for W's format (MXFP4: each 32-block as
  * its 16 even then 16 odd elements; FP8: x * 2^64); untouched otherwise */
 void matvec_split_x(const Mat *W, const float *x, float *xs);
+/* xb[0 .. cols rounded up to 128) = bf16(x), in the order matvec_bf16 reads it for W's
+ * format (FP8: times 2^64), zeros past cols */
+void matvec_prepare_bf16(const Mat *W, const float *x, uint16_t *xb);
 void kernels_init(const char *want);   /* want "c" forces the plain loops, "avx2" the AVX2 set */
 
 /* Commands that live in their own files; argv[0] is the command name. */

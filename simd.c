@@ -1,7 +1,8 @@
 /* simd.c - AVX-512 versions of the hot loops of glm.c §5, chosen at run time.
  *
  * Each kernel computes what the plain C loop in glm.c computes (same products, same
- * fp32 accumulation, only the summation order differs), so the plain loops stay the
+ * fp32 accumulation, only the summation order differs; the bf16 kernels: the same on
+ * activations rounded to bf16), so the plain loops stay the
  * readable reference and tests/test_kernels.sh checks every kernel against them on
  * random inputs, including lengths that are not multiples of the vector width.
  *
@@ -17,6 +18,9 @@
  *   MXFP4  the 16 E2M1 values fit one 512-bit register: vpermps looks up 16 nibbles
  *          at once. x is pre-split per 32-block into its 16 even and 16 odd
  *          elements to match the low/high nibbles of the packed bytes.
+ * Where the CPU has AVX512-BF16, decode skips the fp32 widening altogether: x is
+ * rounded to bf16 and vdpbf16ps takes the weights as (nearly) stored; see "Decode
+ * with bf16 activations" below.
  * One row at a time: each thread then reads one sequential stream, which the memory
  * system serves best (four interleaved rows measured slower from mmap'd 4 KB pages).
  *
@@ -29,6 +33,42 @@
 #ifdef _OPENMP
 #include <omp.h>
 #endif
+
+/* xs = x as the SIMD matvec wants it for W's format (see the top of this file): MXFP4
+ * even/odd per 32-block; FP8 (widths a multiple of 128) x * 2^64. */
+void matvec_split_x(const Mat *W, const float *x, float *xs) {
+    if (W->fmt == WF_FP8 && W->cols % 128 == 0) { /* exact: a power of two */
+        for (int k = 0; k < W->cols; k++) xs[k] = x[k] * 0x1p64f;
+        return;
+    }
+    int block = W->fmt == WF_MXFP4 ? 32 : 0;
+    for (int b = 0; block && b < W->cols / block; b++)
+        for (int i = 0; i < block / 2; i++) {
+            xs[block * b + i] = x[block * b + 2 * i];
+            xs[block * b + block / 2 + i] = x[block * b + 2 * i + 1];
+        }
+}
+
+/* Column of x that position p of the prepared vector holds (past the matrix: >= cols). */
+static int bf16_x_column(WeightFormat fmt, int p) {
+    int lane = p % 32 / 8, i = p % 8; /* a 16-byte lane of the unpacked register, a word in it */
+    if (fmt == WF_FP8) /* per 64 columns: unpacklo (bytes 0-7 of each lane), then unpackhi (8-15) */
+        return p / 64 * 64 + 16 * lane + 8 * (p % 64 / 32) + i;
+    if (fmt == WF_MXFP4) { /* per 128 columns: low nibbles lo/hi half, then high nibbles lo/hi half */
+        int reg = p % 128 / 32, byte = 8 * (reg & 1) + i;
+        return p / 128 * 128 + 32 * lane + 2 * byte + (reg >> 1);
+    }
+    return p;
+}
+
+void matvec_prepare_bf16(const Mat *W, const float *x, uint16_t *xb) {
+    const int n = W->cols, np = (n + 127) & ~127;
+    const float mult = W->fmt == WF_FP8 ? 0x1p64f : 1.0f; /* exact: a power of two */
+    for (int p = 0; p < np; p++) {
+        int c = bf16_x_column(W->fmt, p);
+        xb[p] = c < n ? f32_to_bf16(x[c] * mult) : 0;
+    }
+}
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
@@ -49,21 +89,6 @@ AVX512 static inline __m512 fp8x16(__m128i bytes) {
     __m512i d = _mm512_cvtepi8_epi32(bytes);
     __m512 tiny = _mm512_castsi512_ps(_mm512_and_si512(_mm512_slli_epi32(d, 20), _mm512_set1_epi32((int)0x87F00000u)));
     return _mm512_mul_ps(tiny, _mm512_set1_ps(0x1p120f));
-}
-
-/* xs = x as the SIMD matvec wants it for W's format (see the top of this file): MXFP4
- * even/odd per 32-block; FP8 (widths a multiple of 128) x * 2^64. */
-void matvec_split_x(const Mat *W, const float *x, float *xs) {
-    if (W->fmt == WF_FP8 && W->cols % 128 == 0) { /* exact: a power of two */
-        for (int k = 0; k < W->cols; k++) xs[k] = x[k] * 0x1p64f;
-        return;
-    }
-    int block = W->fmt == WF_MXFP4 ? 32 : 0;
-    for (int b = 0; block && b < W->cols / block; b++)
-        for (int i = 0; i < block / 2; i++) {
-            xs[block * b + i] = x[block * b + 2 * i];
-            xs[block * b + block / 2 + i] = x[block * b + 2 * i + 1];
-        }
 }
 
 AVX512 static float dot_f32_avx512(const float *a, const float *b, int n) {
@@ -391,8 +416,8 @@ AVX512 static void gemm_panel_avx512(const float *P, int ldp, int K, const float
 
 /* The same product with bf16 inputs (AVX512-BF16): P holds the 32 rows as bf16 pairs
  * [K/2][32][2], X as bf16 [n][ldx]; vdpbf16ps does 32 multiply-adds per instruction,
- * twice the fp32 FMA rate, in exchange for rounding activations to bf16. Only used for
- * prefill, and only when asked (--prefill-bf16). K is even. */
+ * twice the fp32 FMA rate, in exchange for rounding activations to bf16. The default
+ * prefill where the CPU has it (not with --fp32). K is even. */
 #define BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
 #define GEMM_TILE_BF16(T)                                                                      \
     BF16 static inline void gemm_bf16_tile##T(const uint16_t *P, int K, const uint16_t *X, int ldx, \
@@ -548,6 +573,117 @@ BF16 static void gemm_rows_bf16_avx512(const Mat *W, int r0, int nr, const uint1
         int t = 0;
         for (; t + 6 <= n; t += 6) rows_bf16_tile6(wbuf, kp, X + (size_t)t * ldx, ldx, Y + (size_t)t * ldy + i, ldy, rows);
         for (; t < n; t++) rows_bf16_tile1(wbuf, kp, X + (size_t)t * ldx, ldx, Y + (size_t)t * ldy + i, ldy, rows);
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* Decode with bf16 activations (AVX512-BF16, the default where the CPU has it; see
+ * glm.c §5). vdpbf16ps multiplies 32 bf16 pairs straight from weight bits, about one
+ * instruction per 64 bytes of weights after the format's unpacking; the fp32 route
+ * above spends several per 64 bytes and, measured on a VM core shared with its
+ * neighbours, fell to half of the read bandwidth (BF16 rows: 22 vs 46 GB/s on two
+ * threads in the same run). x is rounded to bf16 once per product, as in the prefill.
+ * Each format's unpacking leaves the weights in an order of its own; x is laid out in
+ * that order beforehand (matvec_prepare_bf16), so the kernels never shuffle x.
+ *   BF16   the row as it is: one 64-byte load is 32 weights.
+ *   FP8    vpunpck{l,h}bw with zeros puts each byte in the high half of a word
+ *          (bytes 0-7 then 8-15 of each 16-byte lane); an arithmetic shift by 4 and a
+ *          mask make that word the bf16 of (E4M3 value) x 2^-120, as fp8x16_placed
+ *          does for fp32. x carries 2^64 and the block scale 2^56. vdpbf16ps treats
+ *          bf16 subnormals as zero, so E4M3 subnormals (|v| < 2^-6, below 1/28000
+ *          of a block's largest weight) count as zero: on real weights that is far
+ *          under the format's own rounding step.
+ *   MXFP4  per 64 bytes (4 blocks, one per 16-byte lane): the nibbles index two
+ *          16-byte tables (vpshufb) holding the low and high bytes of the bf16 of
+ *          each E2M1 value (exact), and unpacking interleaves them into words; each
+ *          lane's sums are then scaled by its block's 2^(s-127).
+ */
+
+BF16 static void matvec_bf16_avx512(const Mat *W, int r0, int nr, const uint16_t *xb, float *y) {
+    const int n = W->cols;
+    switch (W->fmt) {
+    case WF_BF16:
+        for (int i = 0; i < nr; i++) {
+            const uint16_t *w = (const uint16_t *)W->w + (size_t)(r0 + i) * n;
+            __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+            int k = 0;
+            for (; k + 128 <= n; k += 128) { /* 256 bytes */
+                PREFETCH(w + k); PREFETCH(w + k + 32); PREFETCH(w + k + 64); PREFETCH(w + k + 96);
+                a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_loadu_si512(w + k), (__m512bh)_mm512_loadu_si512(xb + k));
+                a1 = _mm512_dpbf16_ps(a1, (__m512bh)_mm512_loadu_si512(w + k + 32), (__m512bh)_mm512_loadu_si512(xb + k + 32));
+                a2 = _mm512_dpbf16_ps(a2, (__m512bh)_mm512_loadu_si512(w + k + 64), (__m512bh)_mm512_loadu_si512(xb + k + 64));
+                a3 = _mm512_dpbf16_ps(a3, (__m512bh)_mm512_loadu_si512(w + k + 96), (__m512bh)_mm512_loadu_si512(xb + k + 96));
+            }
+            for (; k < n; k += 32) { /* xb is zero past n; the mask keeps the loads inside the row */
+                __mmask32 m = n - k >= 32 ? 0xFFFFFFFFu : (__mmask32)((1u << (n - k)) - 1);
+                a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_maskz_loadu_epi16(m, w + k), (__m512bh)_mm512_loadu_si512(xb + k));
+            }
+            y[i] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+        }
+        return;
+    case WF_FP8: {
+        const int nb = (n + 127) / 128;
+        const __m512i mask = _mm512_set1_epi16((short)0x87F0), zero = _mm512_setzero_si512();
+        for (int i = 0; i < nr; i++) {
+            const int r = r0 + i;
+            const uint8_t *w = W->w + (size_t)r * n;
+            const float *scale = W->fp8_scale + (size_t)(r / 128) * nb;
+            __m512 t = _mm512_setzero_ps();
+            for (int b = 0; b < nb; b++) {
+                __m512 a0 = _mm512_setzero_ps(), a1 = a0;
+                for (int k = 128 * b; k < 128 * b + 128; k += 64) {
+                    __m512i bytes;
+                    if (k + 64 <= n) { PREFETCH(w + k); bytes = _mm512_loadu_si512(w + k); }
+                    else bytes = _mm512_maskz_loadu_epi8(k < n ? ~0ull >> (64 - (n - k)) : 0, w + k);
+                    __m512i lo = _mm512_and_si512(_mm512_srai_epi16(_mm512_unpacklo_epi8(zero, bytes), 4), mask);
+                    __m512i hi = _mm512_and_si512(_mm512_srai_epi16(_mm512_unpackhi_epi8(zero, bytes), 4), mask);
+                    a0 = _mm512_dpbf16_ps(a0, (__m512bh)lo, (__m512bh)_mm512_loadu_si512(xb + k));
+                    a1 = _mm512_dpbf16_ps(a1, (__m512bh)hi, (__m512bh)_mm512_loadu_si512(xb + k + 32));
+                }
+                t = _mm512_fmadd_ps(_mm512_add_ps(a0, a1), _mm512_set1_ps(scale[b] * 0x1p56f), t);
+            }
+            y[i] = _mm512_reduce_add_ps(t);
+        }
+        return;
+    }
+    case WF_MXFP4: {
+        const int nb = n / 32;
+        uint8_t lo_bytes[16], hi_bytes[16];
+        for (int c = 0; c < 16; c++) {
+            uint16_t b = f32_to_bf16(e2m1_value[c]);
+            lo_bytes[c] = (uint8_t)b; hi_bytes[c] = (uint8_t)(b >> 8);
+        }
+        const __m512i lut_lo = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)lo_bytes));
+        const __m512i lut_hi = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)hi_bytes));
+        const __m512i low4 = _mm512_set1_epi8(0x0F);
+        /* scale bytes 0,1,2,3 spread to the four 16-byte lanes */
+        const __m128i spread = _mm_setr_epi8(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+        for (int i = 0; i < nr; i++) {
+            const uint8_t *w = W->w + (size_t)(r0 + i) * (n / 2), *sc = W->mx_scale + (size_t)(r0 + i) * nb;
+            __m512 t = _mm512_setzero_ps();
+            for (int b = 0; b < nb; b += 4) { /* 64 bytes, 4 blocks */
+                __m512i bytes;
+                uint32_t s4 = 0;
+                if (b + 4 <= nb) { PREFETCH(w + 16 * b); bytes = _mm512_loadu_si512(w + 16 * b); memcpy(&s4, sc + b, 4); }
+                else { bytes = _mm512_maskz_loadu_epi8(~0ull >> (64 - 16 * (nb - b)), w + 16 * b); memcpy(&s4, sc + b, (size_t)(nb - b)); }
+                __m512i n0 = _mm512_and_si512(bytes, low4), n1 = _mm512_and_si512(_mm512_srli_epi16(bytes, 4), low4);
+                __m512i l0 = _mm512_shuffle_epi8(lut_lo, n0), h0 = _mm512_shuffle_epi8(lut_hi, n0);
+                __m512i l1 = _mm512_shuffle_epi8(lut_lo, n1), h1 = _mm512_shuffle_epi8(lut_hi, n1);
+                const uint16_t *x = xb + 32 * b;
+                __m512 a0 = _mm512_dpbf16_ps(_mm512_setzero_ps(), (__m512bh)_mm512_unpacklo_epi8(l0, h0), (__m512bh)_mm512_loadu_si512(x));
+                __m512 a1 = _mm512_dpbf16_ps(_mm512_setzero_ps(), (__m512bh)_mm512_unpackhi_epi8(l0, h0), (__m512bh)_mm512_loadu_si512(x + 32));
+                a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_unpacklo_epi8(l1, h1), (__m512bh)_mm512_loadu_si512(x + 64));
+                a1 = _mm512_dpbf16_ps(a1, (__m512bh)_mm512_unpackhi_epi8(l1, h1), (__m512bh)_mm512_loadu_si512(x + 96));
+                /* 2^(s-127) built from the exponent bits (s = 0 gives 0 instead of 2^-127) */
+                __m512i s = _mm512_cvtepu8_epi32(_mm_shuffle_epi8(_mm_cvtsi32_si128((int)s4), spread));
+                t = _mm512_fmadd_ps(_mm512_add_ps(a0, a1), _mm512_castsi512_ps(_mm512_slli_epi32(s, 23)), t);
+            }
+            y[i] = _mm512_reduce_add_ps(t);
+        }
+        return;
+    }
+    default:
+        return;
     }
 }
 
@@ -721,6 +857,7 @@ void kernels_init(const char *want) {
             k.build_panel_bf16 = build_panel_bf16_avx512;
             k.round_bf16 = round_bf16_avx512;
             k.gemm_rows_bf16 = gemm_rows_bf16_avx512;
+            k.matvec_bf16 = matvec_bf16_avx512;
         }
         kernels = k;
     }

@@ -9,9 +9,9 @@
 set -u
 cd "$(dirname "$0")"
 export GLM="${GLM:-./glm}"
-# The suites compare with an fp32 reference at ~1e-4, so prompts run in fp32 here; the
-# default bf16 prompt path is tested explicitly (--prefill-bf16) in test_forward/kernels.
-export GLM_PREFILL="${GLM_PREFILL:-fp32}"
+# The suites compare with an fp32 reference at ~1e-4, so products run in fp32 here; the
+# default bf16 path (prompt and decode) is tested explicitly (--bf16) in test_forward/kernels.
+export GLM_PRECISION="${GLM_PRECISION:-fp32}"
 suites=()
 if [ $# -gt 0 ]; then for s in "$@"; do suites+=("tests/test_$s.sh"); done
 else for s in tests/test_*.sh; do

@@ -18,7 +18,7 @@
 # Ends with one table. Exit status 0 only if every check passed.
 set -u
 cd "$(dirname "$0")/.."
-export GLM_PREFILL=fp32 # the GPU path is fp32: compare it with the fp32 CPU path
+export GLM_PRECISION=fp32 # the GPU path is fp32: compare it with the fp32 CPU path
 OUT=${GPU_CHECK_OUT:-build/gpu_check}
 mkdir -p "$OUT"
 T0=$(date +%s)

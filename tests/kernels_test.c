@@ -98,6 +98,32 @@ static int test_set(const char *want) {
                 check(what, worst < 1e-5, worst);
                 snprintf(what, sizeof what, "dequant_row %s %dx%d", names[f], rows, cols);
                 check(what, worst_deq == 0, worst_deq);
+                if (simd.matvec_bf16 && f != WF_F32) {
+                    /* against the plain loop on x rounded to bf16 (FP8: x * 2^64 rounded, then
+                     * / 2^64) with E4M3 subnormals as zero: the kernel's documented numerics */
+                    const float mult = f == WF_FP8 ? 0x1p64f : 1.0f;
+                    uint16_t *xb = malloc((size_t)((cols + 127) & ~127) * 2); /* exactly what it may read */
+                    matvec_prepare_bf16(&W, x, xb);
+                    simd.matvec_bf16(&W, r0, nr, xb, y);
+                    double worst_b = 0;
+                    for (int r = r0; r < rows; r++) {
+                        kernels.dequant_row = NULL;
+                        mat_dequant_row(&W, r, plain);
+                        kernels = simd;
+                        double ref = 0, mag = 0;
+                        for (int i = 0; i < cols; i++) {
+                            double xr = bf16_to_f32(f32_to_bf16(x[i] * mult)) / mult, wv = plain[i];
+                            if (f == WF_FP8 && (((const uint8_t *)w)[(size_t)r * cols + i] & 0x78) == 0) wv = 0;
+                            ref += wv * xr;
+                            mag += fabs(wv * xr);
+                        }
+                        double e = fabs(ref - y[r - r0]) / (mag + 1e-30);
+                        if (e > worst_b) worst_b = e;
+                    }
+                    snprintf(what, sizeof what, "%s matvec_bf16 %s %dx%d", simd.name, names[f], rows, cols);
+                    check(what, worst_b < 1e-5, worst_b);
+                    free(xb);
+                }
                 free(w); free(sc); free(x); free(xs); free(y); free(plain); free(fast);
             }
     }

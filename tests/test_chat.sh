@@ -3,7 +3,7 @@
 # - multi-turn chat keeps the KV cache (turn 2 runs only its new tokens) and produces
 #   exactly what re-reading the whole conversation from scratch produces;
 # - run -p streams text; invalid UTF-8 and an over-long prompt fail with one line.
-export GLM_PREFILL="${GLM_PREFILL:-fp32}" # compared with an fp32 reference (see test.sh)
+export GLM_PRECISION="${GLM_PRECISION:-fp32}" # compared with an fp32 reference (see test.sh)
 set -u
 cd "$(dirname "$0")/.."
 GLM=${GLM:-./glm}

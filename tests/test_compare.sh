@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # glm compare: a model against itself (KL 0, full agreement, equal perplexity) and a
 # BF16 tiny model against its MXFP4 conversion (finite positive KL, plausible agreement).
-export GLM_PREFILL="${GLM_PREFILL:-fp32}" # compared with an fp32 reference (see test.sh)
+export GLM_PRECISION="${GLM_PRECISION:-fp32}" # compared with an fp32 reference (see test.sh)
 set -u
 cd "$(dirname "$0")/.."
 GLM=${GLM:-./glm}

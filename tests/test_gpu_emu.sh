@@ -13,7 +13,7 @@
 # Run from the repository root (test.sh does). Prints "N passed, N failed".
 set -u
 cd "$(dirname "$0")/.."
-export GLM_PREFILL=fp32 # the GPU path is fp32: compare it with the fp32 CPU path
+export GLM_PRECISION=fp32 # the GPU path is fp32: compare it with the fp32 CPU path
 CPU=${GLM:-./glm}
 OUT=${TEST_OUT:-tests/out/gpu}
 PY=/usr/bin/python3

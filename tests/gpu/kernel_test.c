@@ -454,7 +454,7 @@ int main(int argc, char **argv) {
     if (argc == 6 && !strcmp(argv[1], "--compare")) return compare_files(argv[2], argv[3], atoi(argv[4]), atof(argv[5]));
     if (argc >= 2 && !strcmp(argv[1], "--bench")) return bench(argc > 2 ? argv[2] : NULL);
     kernels_init(getenv("GLM_KERNELS"));
-    g_prefill_bf16 = 0; /* the CPU side is the fp32 reference the GPU kernels mirror */
+    g_act_bf16 = 0; /* the CPU side is the fp32 reference the GPU kernels mirror */
     if (getenv("GPU_KTEST_TOL")) g_tol = atof(getenv("GPU_KTEST_TOL"));
     scratch_init(2048);
     test_matmul();

@@ -981,7 +981,7 @@ static float *g_row_scratch;      /* [g_threads][g_scratch_cols] */
 static int g_scratch_cols;
 static double g_bytes_read;       /* weight + cache bytes touched, for GB/s reports */
 static double g_flops;            /* floating-point operations (2 per multiply-add), for FLOP/s reports */
-static float *g_x_split;          /* [g_threads][g_scratch_cols + 128] x as the SIMD matvec reads it (matvec_split_x / _prepare_bf16) */
+static float *g_x_split;          /* [g_threads][g_scratch_cols + 128] x as the SIMD matvec reads it (matvec_split_x / _order_bf16) */
 static float *g_panel;            /* [g_threads][g_panel_stride] prefill: a 32-row k-major panel, its 32 rows, a spare row */
 static size_t g_panel_stride;     /* max(65 * g_scratch_cols, PANEL_KC * 32) floats */
 /* Weight products with activations rounded to bf16 (vdpbf16ps; ~1e-3 relative error per
@@ -1136,7 +1136,7 @@ static void matmul_rows(float *y, int ldy, const float *x, int ldx, const Mat *W
          * waiting at the end (measured 1.10x over one fixed half per thread) */
         float *xs = g_x_split + (size_t)thread_id() * (g_scratch_cols + 128);
         const int bf16 = g_act_bf16 && kernels.matvec_bf16 && W->fmt != WF_F32;
-        if (bf16) matvec_prepare_bf16(W, x, (uint16_t *)xs);
+        if (bf16) matvec_order_bf16(W, x, xs);
         else matvec_split_x(W, x, xs);
         const size_t row_bytes = W->bytes / W->rows + 1;
         int run = (int)((1u << 20) / row_bytes) & ~3;
@@ -1145,7 +1145,7 @@ static void matmul_rows(float *y, int ldy, const float *x, int ldx, const Mat *W
 #pragma omp parallel for schedule(dynamic, 1) if (parallel)
         for (int b = 0; b < nrun; b++) {
             int lo = b * run, hi = lo + run < nr ? lo + run : nr;
-            if (bf16) kernels.matvec_bf16(W, r0 + lo, hi - lo, (const uint16_t *)xs, y + lo);
+            if (bf16) kernels.matvec_bf16(W, r0 + lo, hi - lo, xs, y + lo);
             else kernels.matvec(W, r0 + lo, hi - lo, x, xs, y + lo);
         }
         return;

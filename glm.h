@@ -213,9 +213,9 @@ typedef struct {
     const char *name;
     /* y[i] = W[r0+i]·x for i < nr; x_split: x as matvec_split_x orders it for W */
     void (*matvec)(const Mat *W, int r0, int nr, const float *x, const float *x_split, float *y);
-    /* the same with x rounded to bf16 (vdpbf16ps), xb = x as matvec_prepare_bf16 lays it out;
+    /* the same with x rounded to bf16 (vdpbf16ps); xs = x as matvec_order_bf16 lays it out;
      * not for F32; FP8 subnormals count as zero */
-    void (*matvec_bf16)(const Mat *W, int r0, int nr, const uint16_t *xb, float *y);
+    void (*matvec_bf16)(const Mat *W, int r0, int nr, const float *xs, float *y);
     void (*dequant_row)(const Mat *W, int r, float *out);
     /* Y[t*ldy + j] += Σ_k P[k*ldp + j]·X[t*ldx + k], j < nj <= 32, t < n, k < K: the prefill
      * product against a panel of 32 dequantized rows stored k-major (ldp = 32), also used
@@ -244,9 +244,9 @@ extern Kernels kernels;
 /* x prepared the way the SIMD matvec reads it for W's format (MXFP4: each 32-block as
  * its 16 even then 16 odd elements; FP8: x * 2^64); untouched otherwise */
 void matvec_split_x(const Mat *W, const float *x, float *xs);
-/* xb[0 .. cols rounded up to 128) = bf16(x), in the order matvec_bf16 reads it for W's
- * format (FP8: times 2^64), zeros past cols */
-void matvec_prepare_bf16(const Mat *W, const float *x, uint16_t *xb);
+/* xs[0 .. cols rounded up to 128) = x in the order matvec_bf16 reads it for W's format
+ * (FP8: times 2^64), zeros past cols */
+void matvec_order_bf16(const Mat *W, const float *x, float *xs);
 void kernels_init(const char *want);   /* want "c" forces the plain loops, "avx2" the AVX2 set */
 
 /* Commands that live in their own files; argv[0] is the command name. */

@@ -102,9 +102,9 @@ static int test_set(const char *want) {
                     /* against the plain loop on x rounded to bf16 (FP8: x * 2^64 rounded, then
                      * / 2^64) with E4M3 subnormals as zero: the kernel's documented numerics */
                     const float mult = f == WF_FP8 ? 0x1p64f : 1.0f;
-                    uint16_t *xb = malloc((size_t)((cols + 127) & ~127) * 2); /* exactly what it may read */
-                    matvec_prepare_bf16(&W, x, xb);
-                    simd.matvec_bf16(&W, r0, nr, xb, y);
+                    float *xo = malloc((size_t)((cols + 127) & ~127) * 4); /* exactly what it may read */
+                    matvec_order_bf16(&W, x, xo);
+                    simd.matvec_bf16(&W, r0, nr, xo, y);
                     double worst_b = 0;
                     for (int r = r0; r < rows; r++) {
                         kernels.dequant_row = NULL;
@@ -122,7 +122,7 @@ static int test_set(const char *want) {
                     }
                     snprintf(what, sizeof what, "%s matvec_bf16 %s %dx%d", simd.name, names[f], rows, cols);
                     check(what, worst_b < 1e-5, worst_b);
-                    free(xb);
+                    free(xo);
                 }
                 free(w); free(sc); free(x); free(xs); free(y); free(plain); free(fast);
             }

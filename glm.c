@@ -1122,39 +1122,72 @@ static void build_panel(const Mat *W, int r, int nj, float *rows, float *panel) 
         for (int k = k0; k < K; k++) panel[(size_t)k * 32 + j] = rows[(size_t)j * K + k];
 }
 
+/* One token's product y[i] = W[r0+i] · x, i < nr: a job for matvec_jobs. */
+typedef struct {
+    const Mat *W;
+    int r0, nr;
+    const float *x; /* [W->cols] */
+    float *y;       /* [nr] */
+} Matvec;
+
+/* Runs one-token products (decode) together: the rows of all of them in runs of ~1 MB
+ * of weights, handed out as threads free up. Each run is one sequential stream, a thread
+ * the machine slows down does not keep the other waiting at the end (measured 1.10x over
+ * one fixed half per thread), and several small products (the chosen experts) keep every
+ * thread busy however many there are. xs: scratch [njobs][g_scratch_cols + 128] for x in
+ * each kernel's layout (jobs with the same x and format share one). */
+static void matvec_jobs(const Matvec *job, int njobs, float *xs, int parallel) {
+    int start[njobs + 1], run[njobs];  /* job j's runs are start[j] .. start[j+1]-1 */
+    const float *xl[njobs];             /* x of job j in its kernel's layout */
+    start[0] = 0;
+    for (int j = 0; j < njobs; j++) {
+        const Mat *W = job[j].W;
+#pragma omp atomic
+        g_bytes_read += (double)W->bytes * job[j].nr / W->rows;
+#pragma omp atomic
+        g_flops += 2.0 * job[j].nr * W->cols;
+        const size_t row_bytes = W->bytes / W->rows + 1;
+        run[j] = (int)((1u << 20) / row_bytes) & ~3;
+        if (run[j] < 4) run[j] = 4;
+        start[j + 1] = start[j] + (job[j].nr + run[j] - 1) / run[j];
+        xl[j] = NULL;
+        for (int i = 0; i < j && !xl[j]; i++)
+            if (job[i].x == job[j].x && job[i].W->fmt == W->fmt && job[i].W->cols == W->cols) xl[j] = xl[i];
+        if (!xl[j] && kernels.matvec) {
+            float *buf = xs + (size_t)j * (g_scratch_cols + 128);
+            if (g_act_bf16 && kernels.matvec_bf16 && W->fmt != WF_F32) matvec_order_bf16(W, job[j].x, buf);
+            else matvec_split_x(W, job[j].x, buf);
+            xl[j] = buf;
+        }
+    }
+#pragma omp parallel for schedule(dynamic, 1) if (parallel)
+    for (int b = 0; b < start[njobs]; b++) {
+        int j = 0;
+        while (b >= start[j + 1]) j++;
+        const Matvec *jb = &job[j];
+        int lo = (b - start[j]) * run[j], hi = lo + run[j] < jb->nr ? lo + run[j] : jb->nr;
+        if (!kernels.matvec) /* the plain C reference */
+            for (int i = lo; i < hi; i++) jb->y[i] = row_dot(jb->W, jb->r0 + i, jb->x);
+        else if (g_act_bf16 && kernels.matvec_bf16 && jb->W->fmt != WF_F32)
+            kernels.matvec_bf16(jb->W, jb->r0 + lo, hi - lo, xl[j], jb->y + lo);
+        else
+            kernels.matvec(jb->W, jb->r0 + lo, hi - lo, jb->x, xl[j], jb->y + lo);
+    }
+}
+
 /* y[t*ldy + i] = Σ_k x[t*ldx + k] · W[r0+i][k] for rows i in [0, nr), tokens t in [0, n). */
 static void matmul_rows(float *y, int ldy, const float *x, int ldx, const Mat *W, int r0, int nr, int n) {
+    /* threads only pay off when there is real work: a tiny product runs on one */
+    const int parallel = (double)nr * W->cols * (n < 8 ? n : 8) > g_parallel_min;
+    if (n == 1) {
+        Matvec job = {W, r0, nr, x, y};
+        matvec_jobs(&job, 1, g_x_split + (size_t)thread_id() * (g_scratch_cols + 128), parallel);
+        return;
+    }
 #pragma omp atomic
     g_bytes_read += (double)W->bytes * nr / W->rows;
 #pragma omp atomic
     g_flops += 2.0 * nr * W->cols * n;
-    /* threads only pay off when there is real work: a tiny product runs on one */
-    const int parallel = (double)nr * W->cols * (n < 8 ? n : 8) > g_parallel_min;
-    if (n == 1 && kernels.matvec) {
-        /* rows in runs of ~1 MB of weights, handed out as threads free up: each run is one
-         * sequential stream, and a thread the machine slows down does not keep the other
-         * waiting at the end (measured 1.10x over one fixed half per thread) */
-        float *xs = g_x_split + (size_t)thread_id() * (g_scratch_cols + 128);
-        const int bf16 = g_act_bf16 && kernels.matvec_bf16 && W->fmt != WF_F32;
-        if (bf16) matvec_order_bf16(W, x, xs);
-        else matvec_split_x(W, x, xs);
-        const size_t row_bytes = W->bytes / W->rows + 1;
-        int run = (int)((1u << 20) / row_bytes) & ~3;
-        if (run < 4) run = 4;
-        const int nrun = (nr + run - 1) / run;
-#pragma omp parallel for schedule(dynamic, 1) if (parallel)
-        for (int b = 0; b < nrun; b++) {
-            int lo = b * run, hi = lo + run < nr ? lo + run : nr;
-            if (bf16) kernels.matvec_bf16(W, r0 + lo, hi - lo, xs, y + lo);
-            else kernels.matvec(W, r0 + lo, hi - lo, x, xs, y + lo);
-        }
-        return;
-    }
-    if (n == 1) {
-#pragma omp parallel for schedule(static) if (parallel)
-        for (int i = 0; i < nr; i++) y[i] = row_dot(W, r0 + i, x);
-        return;
-    }
     if (g_act_bf16 && kernels.gemm_panel_bf16) {
         /* the same blocking with bf16 inputs (2x the FMA rate): 32 rows by one k-chunk
          * at a time, the chunk's panel (32 KB) built straight from the file format and
@@ -1267,6 +1300,7 @@ typedef struct {
     float *ex_x;             /* [cap][H] gathered inputs of one expert */
     float *ex_y;             /* [cap][H] its outputs */
     float *h1, *h2;          /* [cap][max(FD, n_shared*FI)] SwiGLU hidden */
+    float *ex_xs;            /* [2(n_active+1)][g_scratch_cols+128] decode: each expert product's x as its kernel reads it */
     float *logits;           /* [V] the last token's logits (bench, compare scratch) */
 } RunState;
 
@@ -1301,13 +1335,14 @@ static void runstate_init(RunState *s, const Config *c, int cap, int ctx) {
     s->ex_y = xmalloc(rows * c->hidden * sizeof(float));
     s->h1 = xmalloc(rows * ffn * sizeof(float));
     s->h2 = xmalloc(rows * ffn * sizeof(float));
+    s->ex_xs = xmalloc((size_t)2 * (c->n_active + 1) * (g_scratch_cols + 128) * sizeof(float));
     s->logits = xmalloc((size_t)c->vocab_size * sizeof(float));
 }
 
 static void runstate_free(RunState *s) {
     void *all[] = {s->x, s->a, s->cq, s->q, s->ckv, s->q_abs, s->o_lat, s->o_heads, s->out, s->scores,
                    s->ix_q, s->ix_k, s->ix_w, s->heap, s->sel, s->n_sel, s->router, s->ex_idx, s->ex_w,
-                   s->ex_tokens, s->ex_x, s->ex_y, s->h1, s->h2, s->logits};
+                   s->ex_tokens, s->ex_x, s->ex_y, s->h1, s->h2, s->ex_xs, s->logits};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) free(all[i]);
 }
 
@@ -1667,15 +1702,24 @@ static void moe(const Model *m, const Layer *L, RunState *s, const float *x, flo
     matmul(s->router, x, &L->router, n);
     for (int t = 0; t < n; t++) moe_route(c, s->router + (size_t)t * c->n_experts, L->router_bias, s->ex_idx + (size_t)t * A, s->ex_w + (size_t)t * A);
 
-    if (n == 1) { /* decode: the chosen experts and the shared one run side by side, one per thread */
-        const size_t slot = (size_t)F * (c->n_shared > 1 ? c->n_shared : 1); /* hidden width of one job */
-#pragma omp parallel for schedule(dynamic, 1)
-        for (int k = 0; k <= A; k++) {
-            float *h1 = s->h1 + k * slot, *h2 = s->h2 + k * slot;
-            if (k < A) { int e = s->ex_idx[k]; swiglu(s->ex_y + (size_t)k * H, x, &L->ex_gate[e], &L->ex_up[e], &L->ex_down[e], h1, h2, 1); }
-            else if (c->n_shared) swiglu(y, x, &L->sh_gate, &L->sh_up, &L->sh_down, h1, h2, 1); /* unscaled (pitfall 8) */
-            else memset(y, 0, (size_t)H * sizeof(float));
+    if (n == 1) { /* decode: the chosen experts and the shared one as one pool of rows (matvec_jobs) */
+        const size_t slot = (size_t)F * (c->n_shared > 1 ? c->n_shared : 1); /* hidden width of one expert */
+        const int J = A + (c->n_shared ? 1 : 0);
+        Matvec job[2 * J];
+        for (int k = 0; k < J; k++) { /* k == A: the shared expert, whose output is y itself, unscaled (pitfall 8) */
+            const Mat *gate = k < A ? &L->ex_gate[s->ex_idx[k]] : &L->sh_gate, *up = k < A ? &L->ex_up[s->ex_idx[k]] : &L->sh_up;
+            job[2 * k] = (Matvec){gate, 0, gate->rows, x, s->h1 + k * slot};
+            job[2 * k + 1] = (Matvec){up, 0, up->rows, x, s->h2 + k * slot};
         }
+        matvec_jobs(job, 2 * J, s->ex_xs, 1);
+        for (int k = 0; k < J; k++) {
+            float *h1 = s->h1 + k * slot, *h2 = s->h2 + k * slot;
+            for (int i = 0; i < job[2 * k].nr; i++) h1[i] = silu(h1[i]) * h2[i];
+            const Mat *down = k < A ? &L->ex_down[s->ex_idx[k]] : &L->sh_down;
+            job[k] = (Matvec){down, 0, down->rows, h1, k < A ? s->ex_y + (size_t)k * H : y};
+        }
+        matvec_jobs(job, J, s->ex_xs, 1);
+        if (!c->n_shared) memset(y, 0, (size_t)H * sizeof(float));
         for (int k = 0; k < A; k++)
             for (int j = 0; j < H; j++) y[j] += s->ex_w[k] * s->ex_y[(size_t)k * H + j];
         return;

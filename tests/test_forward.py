@@ -10,6 +10,7 @@ Prints one line per test ("PASS name" / "FAIL name: reason"), then "N passed, N 
 exits 1 on any failure.
 """
 import json
+import math
 import os
 import shutil
 import struct
@@ -450,6 +451,35 @@ def t_no_mmap():
     check(np.array_equal(got, c["glm_logits"]), "--no-mmap logits differ from the mmap'd run")
 
 
+def t_bench_json(extra):
+    # glm bench --json on a tiny model: one object with the documented keys, finite
+    # positive speeds and ratios, and at least the lm_head's bytes read per decoded token
+    c = CK["mixed"]
+    rc, so, se = run_glm(["bench", "-m", c["dir"], "-P", "8", "--long", "64", "-n", "2", "--json"] + extra)
+    check(rc == 0, "glm bench exit %d: %s" % (rc, se.strip()[-300:]))
+    lines = [l for l in so.splitlines() if l.strip()]
+    check(len(lines) == 1, "bench --json printed %d lines, expected one object" % len(lines))
+    r = json.loads(lines[0])
+    for k in ("read_bw_gbs", "fma_peak_gflops", "prefill_tps", "prefill_peak_ratio", "decode_tps_ctx0",
+              "decode_bytes_per_token", "decode_bw_ratio", "decode_tps_long", "decode_long_bw_ratio"):
+        check(k in r and isinstance(r[k], (int, float)) and math.isfinite(r[k]) and r[k] > 0, "bench: %s = %r" % (k, r.get(k)))
+    check(r.get("precision") == os.environ.get("GLM_PRECISION", "fp32"), "bench precision %r" % r.get("precision"))
+    hp = r.get("huge_page_fraction")
+    check(hp == -1 or 0 <= hp <= 1, "huge_page_fraction %r" % hp)
+    cfg = c["cfg"]
+    head = ref.SafetensorsFile  # the lm_head's bytes, from the checkpoint's own header
+    lm = None
+    for fn in (SHARD1, SHARD2):
+        f = head(os.path.join(c["dir"], fn))
+        if "lm_head.weight" in f.header:
+            b, e = f.header["lm_head.weight"]["data_offsets"]
+            lm = e - b
+    check(lm is not None, "no lm_head.weight in the tiny checkpoint")
+    check(r["decode_bytes_per_token"] >= lm, "bench counts %d bytes per token, less than the lm_head's %d"
+          % (r["decode_bytes_per_token"], lm))
+    return "decode %.0f bytes/token (lm_head %d, vocab %d), huge pages %.2f" % (r["decode_bytes_per_token"], lm, cfg["vocab_size"], hp)
+
+
 def t_ctx_ok():
     c = CK["bf16"]
     got = glm_logits(c["dir"], c["ids"], ["--ctx", str(len(c["ids"]))], tag="ctx")
@@ -814,6 +844,8 @@ def main():
         test("logits_bf16_%s" % v, t_logits_bf16, v)
     test("ctx_limit_ok", t_ctx_ok)
     test("no_mmap_same_logits", t_no_mmap)
+    test("bench_json", t_bench_json, [])
+    test("bench_json_no_mmap", t_bench_json, ["--no-mmap"])
     test("single_file_checkpoint", t_single_file)
     test("indexer_matters", t_indexer_matters_glm)
     for v in VARIANTS:

@@ -1517,19 +1517,13 @@ static void indexer_select(const Model *m, const Layer *L, KVCache *kv, RunState
  * Keys are never expanded per head: the query is pulled into latent space
  * (q_abs = W_UKᵀ·q_nope), scores are q_abs·c + q_pe·k_pe, the value sum stays a
  * latent (o_lat = Σ p·c), and W_UV lifts it to the head output at the end. */
-/* The cached latent rows of keys sel[0..nk) as 32 rows of AD floats: in place when they
- * are 32 consecutive positions (a prompt attending to its own prefix), else copied into
- * buf with zero rows after nk. */
+/* The cached latent rows of keys sel[0..nk) as nk rows of AD floats: in place when they
+ * are consecutive positions (a prompt attending to its own prefix), else copied into buf. */
 static const float *key_rows(const float *latent, int AD, const int *sel, int nk, float *buf) {
-    if (nk == 32 && sel[31] - sel[0] == 31) {
-        int consecutive = 1;
-        for (int j = 1; j < 32 && consecutive; j++) consecutive = sel[j] == sel[j - 1] + 1;
-        if (consecutive) return latent + (size_t)sel[0] * AD;
-    }
-    for (int j = 0; j < 32; j++) {
-        if (j < nk) memcpy(buf + (size_t)j * AD, latent + (size_t)sel[j] * AD, (size_t)AD * sizeof(float));
-        else memset(buf + (size_t)j * AD, 0, (size_t)AD * sizeof(float));
-    }
+    int consecutive = sel[nk - 1] - sel[0] == nk - 1;
+    for (int j = 1; j < nk && consecutive; j++) consecutive = sel[j] == sel[j - 1] + 1;
+    if (consecutive) return latent + (size_t)sel[0] * AD;
+    for (int j = 0; j < nk; j++) memcpy(buf + (size_t)j * AD, latent + (size_t)sel[j] * AD, (size_t)AD * sizeof(float));
     return buf;
 }
 
@@ -1574,7 +1568,13 @@ static void mla_attend_absorbed(const Model *m, const Layer *L, const KVCache *k
      * heads of a block share each cached row while it is in L1, so a long context
      * is read once per block rather than once per head */
     const int HB = ATTN_HEAD_BLOCK, n_blocks = (NH + HB - 1) / HB;
-    const int attn_gemm = kernels.gemm_panel && kernels.pack_panel && AD % 16 == 0 && (size_t)64 * AD <= g_panel_stride;
+    /* with SIMD both products are GEMMs over blocks of KEY_BLOCK keys (in place when
+     * consecutive): scores with the block's heads as the panel (their q_abs packed k-major
+     * once, the cached rows streaming through it as "tokens"), value sums with the rows
+     * as the panel (k-major already, ldp = AD) and the heads' probabilities as tokens */
+    enum { KEY_BLOCK = 128 };
+    const int attn_gemm = kernels.gemm_panel && kernels.pack_panel && AD % 16 == 0 &&
+                          (size_t)AD * (64 + KEY_BLOCK) + (size_t)K * 32 <= g_panel_stride;
 #pragma omp parallel for schedule(dynamic, 1) collapse(2)
     for (int t = 0; t < n; t++) {
         for (int hb = 0; hb < n_blocks; hb++) {
@@ -1584,15 +1584,24 @@ static void mla_attend_absorbed(const Model *m, const Layer *L, const KVCache *k
             const float *qa = s->q_abs + ((size_t)t * NH + h0) * AD;
             float *o = s->o_lat + ((size_t)t * NH + h0) * KR;
             memset(o, 0, (size_t)nh * KR * sizeof(float));
-            if (attn_gemm) { /* the same two products as GEMMs over blocks of 32 keys */
-                float *keys = g_panel + (size_t)thread_id() * g_panel_stride, *kt = keys + (size_t)32 * AD;
-                memset(score, 0, (size_t)nh * ns * sizeof(float));
-                for (int j0 = 0; j0 < ns; j0 += 32) { /* score[h][j] = q_abs[h] · row j: rows transposed into a panel */
-                    int nk = ns - j0 < 32 ? ns - j0 : 32;
-                    kernels.pack_panel(key_rows(latent, AD, sel + j0, nk, keys), AD, AD, kt);
-                    kernels.gemm_panel(kt, 32, AD, qa, AD, nh, score + j0, ns, nk);
+            float *qp = g_panel + (size_t)thread_id() * g_panel_stride; /* [AD][32] the heads, k-major */
+            float *keys = qp + (size_t)AD * 32;                          /* [32][AD] staging, then [KEY_BLOCK][AD] rows */
+            float *st = keys + (size_t)AD * (32 + KEY_BLOCK);            /* [ns][32] scores, key-major */
+            if (attn_gemm) {
+                const float *heads = qa;
+                if (nh < 32) { /* pack_panel reads 32 rows */
+                    memcpy(keys, qa, (size_t)nh * AD * sizeof(float));
+                    memset(keys + (size_t)nh * AD, 0, (size_t)(32 - nh) * AD * sizeof(float));
+                    heads = keys;
                 }
-                for (size_t i = 0; i < (size_t)nh * ns; i++) score[i] *= scale;
+                kernels.pack_panel(heads, AD, AD, qp);
+                memset(st, 0, (size_t)ns * 32 * sizeof(float));
+                for (int j0 = 0; j0 < ns; j0 += KEY_BLOCK) {
+                    int nk = ns - j0 < KEY_BLOCK ? ns - j0 : KEY_BLOCK;
+                    kernels.gemm_panel(qp, 32, AD, key_rows(latent, AD, sel + j0, nk, keys + (size_t)AD * 32), AD, nk, st + (size_t)j0 * 32, 32, nh);
+                }
+                for (int h = 0; h < nh; h++)
+                    for (int j = 0; j < ns; j++) score[(size_t)h * ns + j] = st[(size_t)j * 32 + h] * scale;
             } else {
                 for (int j = 0; j < ns; j++) {
                     const float *row = latent + (size_t)sel[j] * AD;
@@ -1605,11 +1614,10 @@ static void mla_attend_absorbed(const Model *m, const Layer *L, const KVCache *k
                 for (int j = 0; j < ns; j++) { sc[j] = expf(sc[j] - mx); sum += sc[j]; }
                 for (int j = 0; j < ns; j++) sc[j] /= sum;
             }
-            if (attn_gemm) { /* o[h] = Σ_j p[h][j] · row j[0:KR]: the rows are k-major already (ldp = AD) */
-                float *keys = g_panel + (size_t)thread_id() * g_panel_stride;
-                for (int j0 = 0; j0 < ns; j0 += 32) {
-                    int nk = ns - j0 < 32 ? ns - j0 : 32;
-                    const float *rows = key_rows(latent, AD, sel + j0, nk, keys);
+            if (attn_gemm) { /* o[h] = Σ_j p[h][j] · row j[0:KR] */
+                for (int j0 = 0; j0 < ns; j0 += KEY_BLOCK) {
+                    int nk = ns - j0 < KEY_BLOCK ? ns - j0 : KEY_BLOCK;
+                    const float *rows = key_rows(latent, AD, sel + j0, nk, keys + (size_t)AD * 32);
                     for (int d0 = 0; d0 < KR; d0 += 32)
                         kernels.gemm_panel(rows + d0, AD, nk, score + j0, ns, nh, o + d0, KR, KR - d0 < 32 ? KR - d0 : 32);
                 }

@@ -282,7 +282,7 @@ AVX512 static void dequant_row_avx512(const Mat *W, int r, float *out) { dequant
 /* Streaming read of buf[lo..hi) (one thread's slice of the bandwidth measurement). The
  * parallel regions live in functions without a target attribute: clang does not carry
  * the attribute into OpenMP's outlined functions. */
-AVX512 static long long read_slice_avx512(const uint8_t *buf, size_t lo, size_t hi) {
+AVX512 static unsigned long long read_slice_avx512(const uint8_t *buf, size_t lo, size_t hi) {
     __m512i a = _mm512_setzero_si512(), b = a, c = a, d = a;
     for (size_t i = lo; i < hi; i += 256) {
         a = _mm512_add_epi64(a, _mm512_load_si512(buf + i));
@@ -290,13 +290,17 @@ AVX512 static long long read_slice_avx512(const uint8_t *buf, size_t lo, size_t 
         c = _mm512_add_epi64(c, _mm512_load_si512(buf + i + 128));
         d = _mm512_add_epi64(d, _mm512_load_si512(buf + i + 192));
     }
-    return _mm512_reduce_add_epi64(_mm512_add_epi64(_mm512_add_epi64(a, b), _mm512_add_epi64(c, d)));
+    /* summed as unsigned: _mm512_reduce_add_epi64 adds signed long longs, which may overflow */
+    unsigned long long lane[8], sum = 0;
+    _mm512_storeu_si512(lane, _mm512_add_epi64(_mm512_add_epi64(a, b), _mm512_add_epi64(c, d)));
+    for (int i = 0; i < 8; i++) sum += lane[i];
+    return sum;
 }
 
 /* Bytes/s of a streaming read of buf[0..n) (n a multiple of 256, buf 64-byte aligned) by all threads. */
 static double read_bandwidth_avx512(const uint8_t *buf, size_t n) {
     double t0 = now_s();
-    long long sink = 0;
+    unsigned long long sink = 0;
 #pragma omp parallel reduction(+ : sink)
     {
         size_t nt = 1, id = 0;

@@ -589,10 +589,10 @@ BF16 static void gemm_rows_bf16_avx512(const Mat *W, int r0, int nr, const uint1
  * instruction per 64 bytes of weights after the format's unpacking; the fp32 route
  * above spends several per 64 bytes and, measured on a VM core shared with its
  * neighbours, fell to half of the read bandwidth (BF16 rows: 22 vs 46 GB/s on two
- * threads in the same run). x is rounded to bf16 once per product, as in the prefill.
+ * threads in the same run). x is rounded to bf16 (as in the prefill) once per call.
  * Each format's unpacking leaves the weights in an order of its own; x is laid out in
- * that order beforehand (matvec_order_bf16), so the kernels never shuffle x, and each
- * call rounds it to bf16 once (a few hundred instructions per ~1 MB of weights).
+ * that order beforehand (matvec_order_bf16), so the kernels never shuffle x; rounding
+ * it costs a few hundred instructions per call (~1 MB of weights).
  *   BF16   the row as it is: one 64-byte load is 32 weights.
  *   FP8    vpunpck{l,h}bw with zeros puts each byte in the high half of a word
  *          (bytes 0-7 then 8-15 of each 16-byte lane); an arithmetic shift by 4 and a
@@ -607,13 +607,9 @@ BF16 static void gemm_rows_bf16_avx512(const Mat *W, int r0, int nr, const uint1
  *          lane's sums are then scaled by its block's 2^(s-127).
  */
 
-/* xb[0..np) = bf16(xs[p] * scale of p's 128-column block), scale NULL for none */
-BF16 static void round_x_bf16(const float *xs, int np, const float *scale, uint16_t *xb) {
-    for (int p = 0; p < np; p += 16) {
-        __m512 v = _mm512_loadu_ps(xs + p);
-        if (scale) v = _mm512_mul_ps(v, _mm512_set1_ps(scale[p / 128]));
-        _mm256_storeu_si256((__m256i *)(xb + p), bf16_round16(v));
-    }
+/* xb[0..np) = bf16(xs[0..np)), np a multiple of 16 */
+BF16 static void round_x_bf16(const float *xs, int np, uint16_t *xb) {
+    for (int p = 0; p < np; p += 16) _mm256_storeu_si256((__m256i *)(xb + p), bf16_round16(_mm512_loadu_ps(xs + p)));
 }
 
 BF16 static void matvec_bf16_avx512(const Mat *W, int r0, int nr, const float *xs, float *y) {
@@ -622,7 +618,7 @@ BF16 static void matvec_bf16_avx512(const Mat *W, int r0, int nr, const float *x
     uint16_t *xb = (uint16_t *)(((uintptr_t)xbuf + 63) & ~(uintptr_t)63); /* 64-byte aligned */
     switch (W->fmt) {
     case WF_BF16:
-        round_x_bf16(xs, np, NULL, xb);
+        round_x_bf16(xs, np, xb);
         for (int i = 0; i < nr; i++) {
             const uint16_t *w = (const uint16_t *)W->w + (size_t)(r0 + i) * n;
             __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
@@ -644,7 +640,7 @@ BF16 static void matvec_bf16_avx512(const Mat *W, int r0, int nr, const float *x
     case WF_FP8: {
         const int nb = (n + 127) / 128;
         const __m512i mask = _mm512_set1_epi16((short)0x87F0), zero = _mm512_setzero_si512();
-        round_x_bf16(xs, np, NULL, xb);
+        round_x_bf16(xs, np, xb);
         for (int i = 0; i < nr; i++) {
             const int r = r0 + i;
             const uint8_t *w = W->w + (size_t)r * n;
@@ -670,7 +666,7 @@ BF16 static void matvec_bf16_avx512(const Mat *W, int r0, int nr, const float *x
     }
     case WF_MXFP4: {
         const int nb = n / 32;
-        round_x_bf16(xs, np, NULL, xb);
+        round_x_bf16(xs, np, xb);
         uint8_t lo_bytes[16], hi_bytes[16];
         for (int c = 0; c < 16; c++) {
             uint16_t b = f32_to_bf16(e2m1_value[c]);

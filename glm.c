@@ -986,7 +986,10 @@ static float *g_row_scratch;      /* [g_threads][g_scratch_cols] */
 static int g_scratch_cols;
 static double g_bytes_read;       /* weight + cache bytes touched, for GB/s reports */
 static double g_flops;            /* floating-point operations (2 per multiply-add), for FLOP/s reports */
-static float *g_x_split;          /* [g_threads][g_scratch_cols + 128] x as the SIMD matvec reads it (matvec_split_x / _order_bf16) */
+/* x as a SIMD matvec reads it (matvec_split_x / matvec_order_bf16): up to the widest
+ * matrix rounded up to 128 columns */
+#define XS_COLS (g_scratch_cols + 128)
+static float *g_x_split;          /* [g_threads][XS_COLS] */
 static float *g_panel;            /* [g_threads][g_panel_stride] prefill: a 32-row k-major panel, its 32 rows, a spare row */
 static size_t g_panel_stride;     /* max(65 * g_scratch_cols, PANEL_KC * 32) floats */
 /* Weight products with activations rounded to bf16 (vdpbf16ps; ~1e-3 relative error per
@@ -1007,7 +1010,7 @@ static void scratch_init(int max_cols) {
     if (pm && *pm) g_parallel_min = atof(pm);
     g_scratch_cols = max_cols;
     g_row_scratch = xmalloc((size_t)g_threads * (size_t)max_cols * sizeof(float));
-    g_x_split = xmalloc((size_t)g_threads * (max_cols + 128) * sizeof(float));
+    g_x_split = xmalloc((size_t)g_threads * XS_COLS * sizeof(float));
     g_panel_stride = (size_t)65 * max_cols > (size_t)PANEL_KC * 32 ? (size_t)65 * max_cols : (size_t)PANEL_KC * 32;
     g_panel = xcalloc((size_t)g_threads * g_panel_stride, sizeof(float));
     g_x_bf16 = xcalloc((size_t)PREFILL_CHUNK * (max_cols + 64), sizeof(uint16_t));
@@ -1127,6 +1130,10 @@ static void build_panel(const Mat *W, int r, int nj, float *rows, float *panel) 
         for (int k = k0; k < K; k++) panel[(size_t)k * 32 + j] = rows[(size_t)j * K + k];
 }
 
+/* Whether one-token products with W go through the bf16 kernel (which then reads x as
+ * matvec_order_bf16 lays it out) rather than the fp32 one (matvec_split_x). */
+static int matvec_in_bf16(const Mat *W) { return g_act_bf16 && kernels.matvec_bf16 && W->fmt != WF_F32; }
+
 /* One token's product y[i] = W[r0+i] · x, i < nr: a job for matvec_jobs. */
 typedef struct {
     const Mat *W;
@@ -1139,7 +1146,7 @@ typedef struct {
  * of weights, handed out as threads free up. Each run is one sequential stream, a thread
  * the machine slows down does not keep the other waiting at the end (measured 1.10x over
  * one fixed half per thread), and several small products (the chosen experts) keep every
- * thread busy however many there are. xs: scratch [njobs][g_scratch_cols + 128] for x in
+ * thread busy however many there are. xs: scratch [njobs][XS_COLS] for x in
  * each kernel's layout (jobs with the same x and format share one). */
 static void matvec_jobs(const Matvec *job, int njobs, float *xs, int parallel) {
     int start[njobs + 1], run[njobs];  /* job j's runs are start[j] .. start[j+1]-1 */
@@ -1159,8 +1166,8 @@ static void matvec_jobs(const Matvec *job, int njobs, float *xs, int parallel) {
         for (int i = 0; i < j && !xl[j]; i++)
             if (job[i].x == job[j].x && job[i].W->fmt == W->fmt && job[i].W->cols == W->cols) xl[j] = xl[i];
         if (!xl[j] && kernels.matvec) {
-            float *buf = xs + (size_t)j * (g_scratch_cols + 128);
-            if (g_act_bf16 && kernels.matvec_bf16 && W->fmt != WF_F32) matvec_order_bf16(W, job[j].x, buf);
+            float *buf = xs + (size_t)j * XS_COLS;
+            if (matvec_in_bf16(W)) matvec_order_bf16(W, job[j].x, buf);
             else matvec_split_x(W, job[j].x, buf);
             xl[j] = buf;
         }
@@ -1173,7 +1180,7 @@ static void matvec_jobs(const Matvec *job, int njobs, float *xs, int parallel) {
         int lo = (b - start[j]) * run[j], hi = lo + run[j] < jb->nr ? lo + run[j] : jb->nr;
         if (!kernels.matvec) /* the plain C reference */
             for (int i = lo; i < hi; i++) jb->y[i] = row_dot(jb->W, jb->r0 + i, jb->x);
-        else if (g_act_bf16 && kernels.matvec_bf16 && jb->W->fmt != WF_F32)
+        else if (matvec_in_bf16(jb->W))
             kernels.matvec_bf16(jb->W, jb->r0 + lo, hi - lo, xl[j], jb->y + lo);
         else
             kernels.matvec(jb->W, jb->r0 + lo, hi - lo, jb->x, xl[j], jb->y + lo);
@@ -1186,7 +1193,7 @@ static void matmul_rows(float *y, int ldy, const float *x, int ldx, const Mat *W
     const int parallel = (double)nr * W->cols * (n < 8 ? n : 8) > g_parallel_min;
     if (n == 1) {
         Matvec job = {W, r0, nr, x, y};
-        matvec_jobs(&job, 1, g_x_split + (size_t)thread_id() * (g_scratch_cols + 128), parallel);
+        matvec_jobs(&job, 1, g_x_split + (size_t)thread_id() * XS_COLS, parallel);
         return;
     }
 #pragma omp atomic
@@ -1305,7 +1312,7 @@ typedef struct {
     float *ex_x;             /* [cap][H] gathered inputs of one expert */
     float *ex_y;             /* [cap][H] its outputs */
     float *h1, *h2;          /* [cap][max(FD, n_shared*FI)] SwiGLU hidden */
-    float *ex_xs;            /* [2(n_active+1)][g_scratch_cols+128] decode: each expert product's x as its kernel reads it */
+    float *ex_xs;            /* [2(n_active+1)][XS_COLS] decode: each expert product's x as its kernel reads it */
     float *logits;           /* [V] the last token's logits (bench, compare scratch) */
 } RunState;
 
@@ -1340,7 +1347,7 @@ static void runstate_init(RunState *s, const Config *c, int cap, int ctx) {
     s->ex_y = xmalloc(rows * c->hidden * sizeof(float));
     s->h1 = xmalloc(rows * ffn * sizeof(float));
     s->h2 = xmalloc(rows * ffn * sizeof(float));
-    s->ex_xs = xmalloc((size_t)2 * (c->n_active + 1) * (g_scratch_cols + 128) * sizeof(float));
+    s->ex_xs = xmalloc((size_t)2 * (c->n_active + 1) * XS_COLS * sizeof(float));
     s->logits = xmalloc((size_t)c->vocab_size * sizeof(float));
 }
 
@@ -1668,11 +1675,15 @@ static void attention(const Model *m, const Layer *L, KVCache *kv, RunState *s, 
 /* --- feed-forward ------------------------------------------------------- */
 
 /* SwiGLU MLP on n rows of x: y = W_down · (SiLU(W_gate·x) ⊙ (W_up·x)). */
+/* h[i] = silu(gate[i]) · up[i], in place in the gate's buffer */
+static void swiglu_act(float *h_gate, const float *h_up, size_t m) {
+    for (size_t i = 0; i < m; i++) h_gate[i] = silu(h_gate[i]) * h_up[i];
+}
+
 static void swiglu(float *y, const float *x, const Mat *gate, const Mat *up, const Mat *down, float *h1, float *h2, int n) {
     matmul(h1, x, gate, n);
     matmul(h2, x, up, n);
-    size_t m = (size_t)n * gate->rows;
-    for (size_t i = 0; i < m; i++) h1[i] = silu(h1[i]) * h2[i];
+    swiglu_act(h1, h2, (size_t)n * gate->rows);
     matmul(y, h1, down, n);
 }
 
@@ -1727,7 +1738,7 @@ static void moe(const Model *m, const Layer *L, RunState *s, const float *x, flo
         matvec_jobs(job, 2 * J, s->ex_xs, 1);
         for (int k = 0; k < J; k++) {
             float *h1 = s->h1 + k * slot, *h2 = s->h2 + k * slot;
-            for (int i = 0; i < job[2 * k].nr; i++) h1[i] = silu(h1[i]) * h2[i];
+            swiglu_act(h1, h2, (size_t)job[2 * k].nr);
             const Mat *down = k < A ? &L->ex_down[s->ex_idx[k]] : &L->sh_down;
             job[k] = (Matvec){down, 0, down->rows, h1, k < A ? s->ex_y + (size_t)k * H : y};
         }

@@ -1285,6 +1285,7 @@ static void matmul(float *y, const float *x, const Mat *W, int n) {
 /* 6. the forward pass                                                      */
 
 #define ATTN_HEAD_BLOCK 32       /* heads that share one pass over the selected cache rows */
+#define KEY_BLOCK 128            /* cached rows per attention GEMM call: a block of keys */
 
 /* Scratch for one chunk of up to `cap` tokens; allocated once, reused for every step. */
 typedef struct {
@@ -1314,7 +1315,41 @@ typedef struct {
     float *h1, *h2;          /* [cap][max(FD, n_shared*FI)] SwiGLU hidden */
     float *ex_xs;            /* [2(n_active+1)][XS_COLS] decode: each expert product's x as its kernel reads it */
     float *logits;           /* [V] the last token's logits (bench, compare scratch) */
+    /* bf16 attention products of a prompt chunk (default precision, AVX512-BF16 only) */
+    uint16_t *lat_bf16;      /* [T][KR+DR] the layer's cached latents rounded to bf16, or NULL */
+    uint16_t *attn_bf16;     /* [threads][attn_bf16_stride] scratch: see attn_bf16_scratch */
+    size_t attn_bf16_stride;
 } RunState;
+
+/* One thread's scratch for the bf16 attention products, in bf16 words; each part starts
+ * on a 64-byte boundary. Returns the words needed; with base set, points the parts into it.
+ *   absorb (per head):  w_uk [DN][KR] its W_UK rows, xq [cap][DN even] the q_nope of the
+ *                       chunk's tokens, pairs [DN/2][32] words of one 32-column panel
+ *   attend (per token and head block): qa [32][AD] the heads' q_abs, panel [ADP/2][32]
+ *                       words of it (ADP = AD rounded up to 32) with stage [32][ADP/2] words
+ *                       to build it, keys [KEY_BLOCK][AD] gathered rows, pairs
+ *                       [KEY_BLOCK/2][32] words of value panel, probs [32][topk even] */
+typedef struct { uint16_t *w_uk, *xq, *qa, *keys, *probs; uint32_t *absorb_pairs, *panel, *stage, *value_pairs; } AttnBf16;
+
+static size_t attn_bf16_scratch(const Config *c, int cap, size_t topk, uint16_t *base, AttnBf16 *p) {
+    const size_t DN = (size_t)c->qk_nope, DNE = (DN + 1) & ~(size_t)1, KR = (size_t)c->kv_lora_rank;
+    const size_t AD = KR + (size_t)c->qk_rope, ADP = (AD + 31) & ~(size_t)31;
+    size_t off = 0;
+#define PART(ptr, type, words) do { if (p) p->ptr = (type *)(base + off); off += ((size_t)(words) + 31) & ~(size_t)31; } while (0)
+    PART(w_uk, uint16_t, DN * KR);
+    PART(xq, uint16_t, (size_t)cap * DNE);
+    PART(absorb_pairs, uint32_t, DNE * 32);
+    size_t absorb = off;
+    off = 0;
+    PART(qa, uint16_t, 32 * AD);
+    PART(panel, uint32_t, ADP * 32);
+    PART(stage, uint32_t, ADP * 32);
+    PART(keys, uint16_t, (size_t)KEY_BLOCK * AD);
+    PART(value_pairs, uint32_t, (size_t)KEY_BLOCK * 32);
+    PART(probs, uint16_t, 32 * ((topk + 1) & ~(size_t)1));
+#undef PART
+    return absorb > off ? absorb : off;
+}
 
 static void runstate_init(RunState *s, const Config *c, int cap, int ctx) {
     memset(s, 0, sizeof *s);
@@ -1349,12 +1384,19 @@ static void runstate_init(RunState *s, const Config *c, int cap, int ctx) {
     s->h2 = xmalloc(rows * ffn * sizeof(float));
     s->ex_xs = xmalloc((size_t)2 * (c->n_active + 1) * XS_COLS * sizeof(float));
     s->logits = xmalloc((size_t)c->vocab_size * sizeof(float));
+    if (g_act_bf16 && kernels.gemm_panel_bf16 && kernels.pack_pairs_bf16 && kernels.build_panel_bf16 && kernels.round_bf16) {
+        const int AD = c->kv_lora_rank + c->qk_rope;
+        const size_t topk = (size_t)(c->index_topk < ctx ? c->index_topk : ctx);
+        s->lat_bf16 = xmalloc((size_t)ctx * AD * sizeof(uint16_t));
+        s->attn_bf16_stride = attn_bf16_scratch(c, cap, topk, NULL, NULL);
+        s->attn_bf16 = xmalloc((size_t)g_threads * s->attn_bf16_stride * sizeof(uint16_t));
+    }
 }
 
 static void runstate_free(RunState *s) {
     void *all[] = {s->x, s->a, s->cq, s->q, s->ckv, s->q_abs, s->o_lat, s->o_heads, s->out, s->scores,
                    s->ix_q, s->ix_k, s->ix_w, s->heap, s->sel, s->n_sel, s->router, s->ex_idx, s->ex_w,
-                   s->ex_tokens, s->ex_x, s->ex_y, s->h1, s->h2, s->ex_xs, s->logits};
+                   s->ex_tokens, s->ex_x, s->ex_y, s->h1, s->h2, s->ex_xs, s->logits, s->lat_bf16, s->attn_bf16};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) free(all[i]);
 }
 
@@ -1534,7 +1576,16 @@ static const float *key_rows(const float *latent, int AD, const int *sel, int nk
     return buf;
 }
 
-static void mla_attend_absorbed(const Model *m, const Layer *L, const KVCache *kv, RunState *s, int layer, int n) {
+/* The same for the bf16 copy of the rows (lat_bf16). */
+static const uint16_t *key_rows_bf16(const uint16_t *lat, int AD, const int *sel, int nk, uint16_t *buf) {
+    int consecutive = sel[nk - 1] - sel[0] == nk - 1;
+    for (int j = 1; j < nk && consecutive; j++) consecutive = sel[j] == sel[j - 1] + 1;
+    if (consecutive) return lat + (size_t)sel[0] * AD;
+    for (int j = 0; j < nk; j++) memcpy(buf + (size_t)j * AD, lat + (size_t)sel[j] * AD, (size_t)AD * sizeof(uint16_t));
+    return buf;
+}
+
+static void mla_attend_absorbed(const Model *m, const Layer *L, const KVCache *kv, RunState *s, int layer, int n, int pos0) {
     const Config *c = &m->cfg;
     const int NH = c->n_heads, DN = c->qk_nope, DR = c->qk_rope, DV = c->v_head, KR = c->kv_lora_rank;
     const int QD = DN + DR, AD = KR + DR, K = c->index_topk;
@@ -1544,16 +1595,36 @@ static void mla_attend_absorbed(const Model *m, const Layer *L, const KVCache *k
     /* absorb: q_abs[t][h][0:KR] = Σ_i q_nope[t][h][i] · W_UK[h][i][:]. W_UK[h] is
      * already k-major (row i, latent column j), so for a prompt the GEMM micro-kernel
      * reads 32 of its columns at a time in place (ldp = KR). */
+    /* a prompt chunk in the default precision: every product below in bf16 (vdpbf16ps),
+     * its panels built from W_UK's rows and the cached latents rounded to bf16 */
+    const int bf16 = n >= 8 && s->lat_bf16 && AD % 2 == 0;
     const int absorb_gemm = n >= 8 && kernels.gemm_panel && (size_t)DN * KR <= g_panel_stride;
 #pragma omp parallel
     {
         float *row = g_row_scratch + (size_t)thread_id() * g_scratch_cols;
         float *w_uk = g_panel + (size_t)thread_id() * g_panel_stride; /* [DN][KR] */
+        AttnBf16 b;
+        if (bf16) attn_bf16_scratch(c, s->cap, (size_t)(K < kv->ctx ? K : kv->ctx), s->attn_bf16 + (size_t)thread_id() * s->attn_bf16_stride, &b);
 #pragma omp for schedule(static)
         for (int h = 0; h < NH; h++) {
             for (int t = 0; t < n; t++) {
                 memset(s->q_abs + ((size_t)t * NH + h) * AD, 0, (size_t)KR * sizeof(float));
                 memcpy(s->q_abs + ((size_t)t * NH + h) * AD + KR, s->q + ((size_t)t * NH + h) * QD + DN, (size_t)DR * sizeof(float));
+            }
+            if (bf16) { /* the k of this product runs down W_UK's rows: 32 columns at a time are
+                         * interleaved into row pairs, the tokens' q_nope streams through them */
+                const int DNE = (DN + 1) & ~1;
+                for (int i = 0; i < DN; i++) {
+                    mat_dequant_row(&L->kv_b, h * (DN + DV) + i, row);
+                    kernels.round_bf16(row, KR, b.w_uk + (size_t)i * KR, KR);
+                }
+                for (int t = 0; t < n; t++) kernels.round_bf16(s->q + ((size_t)t * NH + h) * QD, DN, b.xq + (size_t)t * DNE, DNE);
+                for (int j0 = 0; j0 < KR; j0 += 32) {
+                    int nj = KR - j0 < 32 ? KR - j0 : 32;
+                    kernels.pack_pairs_bf16(b.w_uk + j0, KR, NULL, DN, nj, b.absorb_pairs);
+                    kernels.gemm_panel_bf16((const uint16_t *)b.absorb_pairs, DNE, b.xq, DNE, n, s->q_abs + (size_t)h * AD + j0, NH * AD, nj);
+                }
+                continue;
             }
             if (absorb_gemm) {
                 for (int i = 0; i < DN; i++) mat_dequant_row(&L->kv_b, h * (DN + DV) + i, w_uk + (size_t)i * KR);
@@ -1579,9 +1650,12 @@ static void mla_attend_absorbed(const Model *m, const Layer *L, const KVCache *k
      * consecutive): scores with the block's heads as the panel (their q_abs packed k-major
      * once, the cached rows streaming through it as "tokens"), value sums with the rows
      * as the panel (k-major already, ldp = AD) and the heads' probabilities as tokens */
-    enum { KEY_BLOCK = 128 };
     const int attn_gemm = kernels.gemm_panel && kernels.pack_panel && AD % 16 == 0 &&
                           (size_t)AD * (64 + KEY_BLOCK) + (size_t)K * 32 <= g_panel_stride;
+    if (bf16 && attn_gemm) { /* the rows this chunk may read, once per layer and chunk */
+#pragma omp parallel for schedule(static)
+        for (int r = 0; r < pos0 + n; r++) kernels.round_bf16(latent + (size_t)r * AD, AD, s->lat_bf16 + (size_t)r * AD, AD);
+    }
 #pragma omp parallel for schedule(dynamic, 1) collapse(2)
     for (int t = 0; t < n; t++) {
         for (int hb = 0; hb < n_blocks; hb++) {
@@ -1594,7 +1668,23 @@ static void mla_attend_absorbed(const Model *m, const Layer *L, const KVCache *k
             float *qp = g_panel + (size_t)thread_id() * g_panel_stride; /* [AD][32] the heads, k-major */
             float *keys = qp + (size_t)AD * 32;                          /* [32][AD] staging, then [KEY_BLOCK][AD] rows */
             float *st = keys + (size_t)AD * (32 + KEY_BLOCK);            /* [ns][32] scores, key-major */
-            if (attn_gemm) {
+            AttnBf16 b;
+            if (bf16 && attn_gemm) {
+                attn_bf16_scratch(c, s->cap, (size_t)(K < kv->ctx ? K : kv->ctx), s->attn_bf16 + (size_t)thread_id() * s->attn_bf16_stride, &b);
+                /* the heads' q_abs in bf16 are a small BF16 matrix [nh][AD]: its panel is built
+                 * like a weight's, and the keys' bf16 rows stream through it */
+                for (int h = 0; h < nh; h++) kernels.round_bf16(qa + (size_t)h * AD, AD, b.qa + (size_t)h * AD, AD);
+                const Mat heads = {.fmt = WF_BF16, .rows = nh, .cols = AD, .w = (const uint8_t *)b.qa};
+                kernels.build_panel_bf16(&heads, 0, nh, 0, (AD + 31) & ~31, b.stage, b.panel);
+                memset(st, 0, (size_t)ns * 32 * sizeof(float));
+                for (int j0 = 0; j0 < ns; j0 += KEY_BLOCK) {
+                    int nk = ns - j0 < KEY_BLOCK ? ns - j0 : KEY_BLOCK;
+                    kernels.gemm_panel_bf16((const uint16_t *)b.panel, AD, key_rows_bf16(s->lat_bf16, AD, sel + j0, nk, b.keys), AD, nk,
+                                            st + (size_t)j0 * 32, 32, nh);
+                }
+                for (int h = 0; h < nh; h++)
+                    for (int j = 0; j < ns; j++) score[(size_t)h * ns + j] = st[(size_t)j * 32 + h] * scale;
+            } else if (attn_gemm) {
                 const float *heads = qa;
                 if (nh < 32) { /* pack_panel reads 32 rows */
                     memcpy(keys, qa, (size_t)nh * AD * sizeof(float));
@@ -1621,7 +1711,20 @@ static void mla_attend_absorbed(const Model *m, const Layer *L, const KVCache *k
                 for (int j = 0; j < ns; j++) { sc[j] = expf(sc[j] - mx); sum += sc[j]; }
                 for (int j = 0; j < ns; j++) sc[j] /= sum;
             }
-            if (attn_gemm) { /* o[h] = Σ_j p[h][j] · row j[0:KR] */
+            if (bf16 && attn_gemm) { /* o[h] = Σ_j p[h][j] · row j[0:KR]: the k of this product
+                                      * runs down the key rows, interleaved in pairs 32 columns
+                                      * at a time; the probabilities stream through */
+                const int nsp = (ns + 1) & ~1;
+                for (int h = 0; h < nh; h++) kernels.round_bf16(score + (size_t)h * ns, ns, b.probs + (size_t)h * nsp, nsp);
+                for (int j0 = 0; j0 < ns; j0 += KEY_BLOCK) {
+                    int nk = ns - j0 < KEY_BLOCK ? ns - j0 : KEY_BLOCK;
+                    for (int d0 = 0; d0 < KR; d0 += 32) {
+                        int nj = KR - d0 < 32 ? KR - d0 : 32;
+                        kernels.pack_pairs_bf16(s->lat_bf16 + d0, AD, sel + j0, nk, nj, b.value_pairs);
+                        kernels.gemm_panel_bf16((const uint16_t *)b.value_pairs, (nk + 1) & ~1, b.probs + j0, nsp, nh, o + d0, KR, nj);
+                    }
+                }
+            } else if (attn_gemm) { /* o[h] = Σ_j p[h][j] · row j[0:KR] */
                 for (int j0 = 0; j0 < ns; j0 += KEY_BLOCK) {
                     int nk = ns - j0 < KEY_BLOCK ? ns - j0 : KEY_BLOCK;
                     const float *rows = key_rows(latent, AD, sel + j0, nk, keys + (size_t)AD * 32);
@@ -1668,7 +1771,7 @@ static void attention(const Model *m, const Layer *L, KVCache *kv, RunState *s, 
     }
     if (L->has_indexer) indexer_select(m, L, kv, s, n, pos0);
     /* a shared layer keeps s->sel from the last full layer (IndexShare, §3.6) */
-    mla_attend_absorbed(m, L, kv, s, layer, n);
+    mla_attend_absorbed(m, L, kv, s, layer, n, pos0);
     matmul(s->out, s->o_heads, &L->o, n);
 }
 

@@ -232,6 +232,10 @@ typedef struct {
     /* y[t*ldy + i] = Σ_k bf16(W[r0+i][k])·X[t*ldx + k], i < nr, t < n, X bf16 zero-padded to
      * cols rounded up to 32: the bf16 product for few tokens, no panel; wbuf: [4][that] */
     void (*gemm_rows_bf16)(const Mat *W, int r0, int nr, const uint16_t *X, int ldx, int n, float *Y, int ldy, uint16_t *wbuf);
+    /* P[p*32 + j] = bf16 pair (A[row(2p)*lda + j], A[row(2p+1)*lda + j]), row(k) = idx ? idx[k] : k,
+     * p < ceil(K/2), j < 32; zero for j >= nj and for the row past an odd K: a panel for
+     * gemm_panel_bf16 whose k runs down the rows of A (W_UK, cached latent rows) */
+    void (*pack_pairs_bf16)(const uint16_t *A, int lda, const int *idx, int K, int nj, uint32_t *P);
     /* xb[0..kpad) = bf16(x[0..n)) rounded to nearest even, then zeros */
     void (*round_bf16)(const float *x, int n, uint16_t *xb, int kpad);
     float (*dot)(const float *a, const float *b, int n);

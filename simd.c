@@ -541,6 +541,24 @@ BF16 static void gemm_panel_bf16_avx512(const uint16_t *P, int K, const uint16_t
     for (; t < n; t++) gemm_bf16_tile1(P, K, X + (size_t)t * ldx, ldx, Y + (size_t)t * ldy, ldy, m0, m1);
 }
 
+/* A bf16 panel whose k runs down the rows of a matrix (the k-major operands of attention:
+ * W_UK's rows, the cached latent rows of a block of keys): P[p*32 + j] = the pair
+ * (A[row(2p)][j], A[row(2p+1)][j]), p < ceil(K/2), j < 32, where row(k) = idx ? idx[k] : k
+ * (rows in place, no gather copy); a missing row K (K odd) and lanes j >= nj are zero.
+ * Interleaving two rows' words is one two-source permute per 16 pairs. */
+BF16 static void pack_pairs_bf16_avx512(const uint16_t *A, int lda, const int *idx, int K, int nj, uint32_t *P) {
+    static const uint16_t lo_pairs[32] = {0, 32, 1, 33, 2, 34, 3, 35, 4, 36, 5, 37, 6, 38, 7, 39,
+                                          8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
+    const __m512i lo = _mm512_loadu_si512(lo_pairs), hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
+    const __mmask32 m = nj >= 32 ? 0xFFFFFFFFu : (__mmask32)((1u << nj) - 1);
+    for (int k = 0; k < K; k += 2) {
+        __m512i a = _mm512_maskz_loadu_epi16(m, A + (size_t)(idx ? idx[k] : k) * lda);
+        __m512i b = k + 1 < K ? _mm512_maskz_loadu_epi16(m, A + (size_t)(idx ? idx[k + 1] : k + 1) * lda) : _mm512_setzero_si512();
+        _mm512_storeu_si512(P + (size_t)k * 16, _mm512_permutex2var_epi16(a, lo, b));
+        _mm512_storeu_si512(P + (size_t)k * 16 + 16, _mm512_permutex2var_epi16(a, hi, b));
+    }
+}
+
 /* The same product for few tokens (an expert's share of a prompt chunk), without a panel:
  * building a panel costs about as much as using it when only ~32 tokens pass through.
  * Instead four rows at a time are dequantized once into a small bf16 buffer (row order,
@@ -875,6 +893,7 @@ void kernels_init(const char *want) {
             k.gemm_panel_bf16 = gemm_panel_bf16_avx512;
             k.build_panel_bf16 = build_panel_bf16_avx512;
             k.round_bf16 = round_bf16_avx512;
+            k.pack_pairs_bf16 = pack_pairs_bf16_avx512;
             k.gemm_rows_bf16 = gemm_rows_bf16_avx512;
             k.matvec_bf16 = matvec_bf16_avx512;
         }

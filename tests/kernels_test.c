@@ -198,6 +198,33 @@ static int test_set(const char *want) {
             free(w); free(sc); free(stage); free(P); free(row);
         }
     }
+    /* row pairs of a bf16 matrix interleaved into a panel (attention's k-major operands):
+     * in place or through an index, odd K (the missing row is zero), nj < 32 */
+    for (int c = 0; c < 6 && simd.pack_pairs_bf16; c++) {
+        const int cases[][4] = {{128, 32, 0, 40}, {127, 32, 1, 40}, {1, 7, 0, 9}, {96, 32, 0, 512}, {33, 17, 1, 576}, {2, 1, 1, 35}};
+        int K = cases[c][0], nj = cases[c][1], use_idx = cases[c][2], lda = cases[c][3], rows = 3 * K + 2;
+        uint16_t *A = malloc((size_t)rows * lda * 2);
+        uint32_t *P = malloc((size_t)(K + 1) / 2 * 32 * 4);
+        int *idx = malloc((size_t)K * sizeof(int));
+        for (int i = 0; i < rows * lda; i++) A[i] = (uint16_t)rnd();
+        for (int k = 0; k < K; k++) idx[k] = (int)(rnd() % (unsigned)rows); /* repeats and any order */
+        memset(P, 0xAB, (size_t)(K + 1) / 2 * 32 * 4);
+        simd.pack_pairs_bf16(A, lda, use_idx ? idx : NULL, K, nj, P);
+        int bad = 0;
+        for (int p = 0; p < (K + 1) / 2; p++)
+            for (int j = 0; j < 32; j++) {
+                uint32_t want = 0;
+                for (int h = 0; h < 2; h++) {
+                    int k = 2 * p + h;
+                    if (k < K && j < nj) want |= (uint32_t)A[(size_t)(use_idx ? idx[k] : k) * lda + j] << (16 * h);
+                }
+                bad += P[(size_t)p * 32 + j] != want;
+            }
+        char what[80];
+        snprintf(what, sizeof what, "pack_pairs_bf16 K=%d nj=%d %s", K, nj, use_idx ? "indexed" : "in place");
+        check(what, bad == 0, bad);
+        free(A); free(P); free(idx);
+    }
     /* the few-token bf16 product: rows dequantized to bf16 in registers' order, exact
      * products of bf16 inputs, fp32 sums */
     for (int f = 0; f < 4 && simd.gemm_rows_bf16; f++) {

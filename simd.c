@@ -121,9 +121,18 @@ AVX512 static void axpy_f32_avx512(float *y, float a, const float *x, int n) {
  * unless we ask for the next page early. Into L2, not L1: a core tracks only a few dozen
  * L1 misses at once, and prefetches that hold them cap one thread's stream (measured on
  * a BF16 matvec, two threads, when the machine's read loop reached ~50 GB/s: prefetch
- * into L1 0.71 of it, into L2 0.79-0.85, none 0.81; 4 KB ahead beat 8, 16 and 32). */
+ * into L1 0.71 of it, into L2 0.79-0.85, none 0.81; 4 KB ahead beat 8, 16 and 32).
+ * The bf16 decode kernels use a distance per format (PREFETCH_AT): measured alternating
+ * 1-16 KB on 1 GB matrices of 6144 columns, two threads, the read loop run before and
+ * after each pass (tests/README: "prefetch distances"), BF16 rows were best 1-3 KB ahead
+ * (2 KB: 0.91 of a ~50 GB/s read, 4 KB 0.89, 8 KB 0.68), FP8 rows 6-16 KB ahead (8 KB:
+ * 0.85, 4 KB 0.70, 2 KB 0.49: the FP8 loop spends more instructions per byte, and the
+ * short distances lost their lead) and MXFP4 8 KB (0.93 vs 0.86 at 4 KB when the read
+ * gave ~33 GB/s; equal at ~50). */
 #define PREFETCH_AHEAD 4096
 #define PREFETCH(p) _mm_prefetch((const char *)(p) + PREFETCH_AHEAD, _MM_HINT_T2)
+#define PREFETCH_AT(p, ahead) _mm_prefetch((const char *)(p) + (ahead), _MM_HINT_T2)
+enum { AHEAD_BF16 = 2048, AHEAD_FP8 = 8192, AHEAD_MXFP4 = 8192 };
 
 /* FP8 for decode, 16 bytes at a time with in-lane shuffles only: the 16 bytes are copied to
  * each 128-bit lane, vpshufb puts byte i at the top of 32-bit lane i (zeros below), an
@@ -642,7 +651,7 @@ BF16 static void matvec_bf16_avx512(const Mat *W, int r0, int nr, const float *x
             __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
             int k = 0;
             for (; k + 128 <= n; k += 128) { /* 256 bytes */
-                PREFETCH(w + k); PREFETCH(w + k + 32); PREFETCH(w + k + 64); PREFETCH(w + k + 96);
+                PREFETCH_AT(w + k, AHEAD_BF16); PREFETCH_AT(w + k + 32, AHEAD_BF16); PREFETCH_AT(w + k + 64, AHEAD_BF16); PREFETCH_AT(w + k + 96, AHEAD_BF16);
                 a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_loadu_si512(w + k), (__m512bh)_mm512_loadu_si512(xb + k));
                 a1 = _mm512_dpbf16_ps(a1, (__m512bh)_mm512_loadu_si512(w + k + 32), (__m512bh)_mm512_loadu_si512(xb + k + 32));
                 a2 = _mm512_dpbf16_ps(a2, (__m512bh)_mm512_loadu_si512(w + k + 64), (__m512bh)_mm512_loadu_si512(xb + k + 64));
@@ -668,7 +677,7 @@ BF16 static void matvec_bf16_avx512(const Mat *W, int r0, int nr, const float *x
                 __m512 a0 = _mm512_setzero_ps(), a1 = a0;
                 for (int k = 128 * b; k < 128 * b + 128; k += 64) {
                     __m512i bytes;
-                    if (k + 64 <= n) { PREFETCH(w + k); bytes = _mm512_loadu_si512(w + k); }
+                    if (k + 64 <= n) { PREFETCH_AT(w + k, AHEAD_FP8); bytes = _mm512_loadu_si512(w + k); }
                     else bytes = _mm512_maskz_loadu_epi8(k < n ? ~0ull >> (64 - (n - k)) : 0, w + k);
                     __m512i lo = _mm512_and_si512(_mm512_srai_epi16(_mm512_unpacklo_epi8(zero, bytes), 4), mask);
                     __m512i hi = _mm512_and_si512(_mm512_srai_epi16(_mm512_unpackhi_epi8(zero, bytes), 4), mask);
@@ -701,7 +710,7 @@ BF16 static void matvec_bf16_avx512(const Mat *W, int r0, int nr, const float *x
             for (int b = 0; b < nb; b += 4) { /* 64 bytes, 4 blocks */
                 __m512i bytes;
                 uint32_t s4 = 0;
-                if (b + 4 <= nb) { PREFETCH(w + 16 * b); bytes = _mm512_loadu_si512(w + 16 * b); memcpy(&s4, sc + b, 4); }
+                if (b + 4 <= nb) { PREFETCH_AT(w + 16 * b, AHEAD_MXFP4); bytes = _mm512_loadu_si512(w + 16 * b); memcpy(&s4, sc + b, 4); }
                 else { bytes = _mm512_maskz_loadu_epi8(~0ull >> (64 - 16 * (nb - b)), w + 16 * b); memcpy(&s4, sc + b, (size_t)(nb - b)); }
                 __m512i n0 = _mm512_and_si512(bytes, low4), n1 = _mm512_and_si512(_mm512_srli_epi16(bytes, 4), low4);
                 __m512i l0 = _mm512_shuffle_epi8(lut_lo, n0), h0 = _mm512_shuffle_epi8(lut_hi, n0);

@@ -644,9 +644,32 @@ BF16 static void matvec_bf16_avx512(const Mat *W, int r0, int nr, const float *x
     uint16_t xbuf[np + 32]; /* x in bf16, on this thread's stack (tens of KB at most), */
     uint16_t *xb = (uint16_t *)(((uintptr_t)xbuf + 63) & ~(uintptr_t)63); /* 64-byte aligned */
     switch (W->fmt) {
-    case WF_BF16:
+    case WF_BF16: {
         round_x_bf16(xs, np, xb);
-        for (int i = 0; i < nr; i++) {
+        int i = 0;
+        /* Past 8192 columns x (16 KB+ in bf16) no longer stays in L1 beside the weight
+         * stream, and its reloads cost more than a second stream: two rows per pass read
+         * each x line once for both (16384 columns, two threads: 0.95 vs 0.87 of the read
+         * loop, 0.83 vs 0.69 when it gave ~50 GB/s). Narrower rows keep one stream. */
+        if (n >= 8192)
+            for (; i + 2 <= nr; i += 2) {
+                const uint16_t *w = (const uint16_t *)W->w + (size_t)(r0 + i) * n, *v = w + n;
+                __m512 a0 = _mm512_setzero_ps(), a1 = a0, b0 = a0, b1 = a0;
+                for (int k = 0; k < n; k += 64) { /* 128 bytes of each row */
+                    __mmask32 m0 = n - k >= 32 ? 0xFFFFFFFFu : (__mmask32)((1u << (n - k)) - 1);
+                    __mmask32 m1 = n - k >= 64 ? 0xFFFFFFFFu : n - k <= 32 ? 0 : (__mmask32)((1u << (n - k - 32)) - 1);
+                    PREFETCH_AT(w + k, AHEAD_BF16); PREFETCH_AT(w + k + 32, AHEAD_BF16);
+                    PREFETCH_AT(v + k, AHEAD_BF16); PREFETCH_AT(v + k + 32, AHEAD_BF16);
+                    __m512bh x0 = (__m512bh)_mm512_loadu_si512(xb + k), x1 = (__m512bh)_mm512_loadu_si512(xb + k + 32);
+                    a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_maskz_loadu_epi16(m0, w + k), x0);
+                    a1 = _mm512_dpbf16_ps(a1, (__m512bh)_mm512_maskz_loadu_epi16(m1, w + k + 32), x1);
+                    b0 = _mm512_dpbf16_ps(b0, (__m512bh)_mm512_maskz_loadu_epi16(m0, v + k), x0);
+                    b1 = _mm512_dpbf16_ps(b1, (__m512bh)_mm512_maskz_loadu_epi16(m1, v + k + 32), x1);
+                }
+                y[i] = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
+                y[i + 1] = _mm512_reduce_add_ps(_mm512_add_ps(b0, b1));
+            }
+        for (; i < nr; i++) {
             const uint16_t *w = (const uint16_t *)W->w + (size_t)(r0 + i) * n;
             __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
             int k = 0;
@@ -664,6 +687,7 @@ BF16 static void matvec_bf16_avx512(const Mat *W, int r0, int nr, const float *x
             y[i] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
         }
         return;
+    }
     case WF_FP8: {
         const int nb = (n + 127) / 128;
         const __m512i mask = _mm512_set1_epi16((short)0x87F0), zero = _mm512_setzero_si512();

@@ -1146,9 +1146,10 @@ typedef struct {
  * of weights, handed out as threads free up. Each run is one sequential stream, a thread
  * the machine slows down does not keep the other waiting at the end (measured 1.10x over
  * one fixed half per thread), and several small products (the chosen experts) keep every
- * thread busy however many there are. xs: scratch [njobs][XS_COLS] for x in
- * each kernel's layout (jobs with the same x and format share one). */
-static void matvec_jobs(const Matvec *job, int njobs, float *xs, int parallel) {
+ * thread busy however many there are. xs: scratch [njobs][xs_cols] for x in each
+ * kernel's layout, xs_cols >= the widest job's columns + 128 (jobs with the same x and
+ * format share one). */
+static void matvec_jobs(const Matvec *job, int njobs, float *xs, size_t xs_cols, int parallel) {
     int start[njobs + 1], run[njobs];  /* job j's runs are start[j] .. start[j+1]-1 */
     const float *xl[njobs];             /* x of job j in its kernel's layout */
     start[0] = 0;
@@ -1166,7 +1167,7 @@ static void matvec_jobs(const Matvec *job, int njobs, float *xs, int parallel) {
         for (int i = 0; i < j && !xl[j]; i++)
             if (job[i].x == job[j].x && job[i].W->fmt == W->fmt && job[i].W->cols == W->cols) xl[j] = xl[i];
         if (!xl[j] && kernels.matvec) {
-            float *buf = xs + (size_t)j * XS_COLS;
+            float *buf = xs + (size_t)j * xs_cols;
             if (matvec_in_bf16(W)) matvec_order_bf16(W, job[j].x, buf);
             else matvec_split_x(W, job[j].x, buf);
             xl[j] = buf;
@@ -1193,7 +1194,7 @@ static void matmul_rows(float *y, int ldy, const float *x, int ldx, const Mat *W
     const int parallel = (double)nr * W->cols * (n < 8 ? n : 8) > g_parallel_min;
     if (n == 1) {
         Matvec job = {W, r0, nr, x, y};
-        matvec_jobs(&job, 1, g_x_split + (size_t)thread_id() * XS_COLS, parallel);
+        matvec_jobs(&job, 1, g_x_split + (size_t)thread_id() * XS_COLS, XS_COLS, parallel);
         return;
     }
 #pragma omp atomic
@@ -1314,6 +1315,7 @@ typedef struct {
     float *ex_y;             /* [cap][H] its outputs */
     float *h1, *h2;          /* [cap][max(FD, n_shared*FI)] SwiGLU hidden */
     float *ex_xs;            /* [2(n_active+1)][XS_COLS] decode: each expert product's x as its kernel reads it */
+    float *uv_xs;            /* [NH][KR+128] decode: each head's o_lat as W_UV's kernel reads it */
     float *logits;           /* [V] the last token's logits (bench, compare scratch) */
     /* bf16 attention products of a prompt chunk (default precision, AVX512-BF16 only) */
     uint16_t *lat_bf16;      /* [T][KR+DR] the layer's cached latents rounded to bf16, or NULL */
@@ -1383,6 +1385,7 @@ static void runstate_init(RunState *s, const Config *c, int cap, int ctx) {
     s->h1 = xmalloc(rows * ffn * sizeof(float));
     s->h2 = xmalloc(rows * ffn * sizeof(float));
     s->ex_xs = xmalloc((size_t)2 * (c->n_active + 1) * XS_COLS * sizeof(float));
+    s->uv_xs = xmalloc((size_t)c->n_heads * (c->kv_lora_rank + 128) * sizeof(float));
     s->logits = xmalloc((size_t)c->vocab_size * sizeof(float));
     if (g_act_bf16 && kernels.gemm_panel_bf16 && kernels.pack_pairs_bf16 && kernels.build_panel_bf16 && kernels.round_bf16) {
         const int AD = c->kv_lora_rank + c->qk_rope;
@@ -1396,7 +1399,7 @@ static void runstate_init(RunState *s, const Config *c, int cap, int ctx) {
 static void runstate_free(RunState *s) {
     void *all[] = {s->x, s->a, s->cq, s->q, s->ckv, s->q_abs, s->o_lat, s->o_heads, s->out, s->scores,
                    s->ix_q, s->ix_k, s->ix_w, s->heap, s->sel, s->n_sel, s->router, s->ex_idx, s->ex_w,
-                   s->ex_tokens, s->ex_x, s->ex_y, s->h1, s->h2, s->ex_xs, s->logits, s->lat_bf16, s->attn_bf16};
+                   s->ex_tokens, s->ex_x, s->ex_y, s->h1, s->h2, s->ex_xs, s->uv_xs, s->logits, s->lat_bf16, s->attn_bf16};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) free(all[i]);
 }
 
@@ -1744,11 +1747,18 @@ static void mla_attend_absorbed(const Model *m, const Layer *L, const KVCache *k
         g_flops += 2.0 * NH * s->n_sel[t] * (AD + KR);
     }
 
-    /* un-absorb: o_heads[t][h] = W_UV[h] · o_lat[t][h]; for one token the heads are
-     * shared out between threads (one parallel loop instead of NH small ones) */
-#pragma omp parallel for schedule(static) if (n == 1)
-    for (int h = 0; h < NH; h++)
-        matmul_rows(s->o_heads + (size_t)h * DV, NH * DV, s->o_lat + (size_t)h * KR, NH * KR, &L->kv_b, h * (DN + DV) + DN, DV, n);
+    /* un-absorb: o_heads[t][h] = W_UV[h] · o_lat[t][h]. For one token the NH small
+     * products (DV rows each, a different x each) go to matvec_jobs as one pool: 1.8x
+     * the GB/s of a parallel loop over heads of one product each, whose per-call costs
+     * (x's layout, a nested parallel region) weigh on 256 KB of weights. */
+    if (n == 1) {
+        Matvec job[NH];
+        for (int h = 0; h < NH; h++)
+            job[h] = (Matvec){&L->kv_b, h * (DN + DV) + DN, DV, s->o_lat + (size_t)h * KR, s->o_heads + (size_t)h * DV};
+        matvec_jobs(job, NH, s->uv_xs, (size_t)KR + 128, 1);
+    } else
+        for (int h = 0; h < NH; h++)
+            matmul_rows(s->o_heads + (size_t)h * DV, NH * DV, s->o_lat + (size_t)h * KR, NH * KR, &L->kv_b, h * (DN + DV) + DN, DV, n);
 }
 
 /* One attention block for the chunk: projections, cache append, the indexer
@@ -1838,14 +1848,14 @@ static void moe(const Model *m, const Layer *L, RunState *s, const float *x, flo
             job[2 * k] = (Matvec){gate, 0, gate->rows, x, s->h1 + k * slot};
             job[2 * k + 1] = (Matvec){up, 0, up->rows, x, s->h2 + k * slot};
         }
-        matvec_jobs(job, 2 * J, s->ex_xs, 1);
+        matvec_jobs(job, 2 * J, s->ex_xs, XS_COLS, 1);
         for (int k = 0; k < J; k++) {
             float *h1 = s->h1 + k * slot, *h2 = s->h2 + k * slot;
             swiglu_act(h1, h2, (size_t)job[2 * k].nr);
             const Mat *down = k < A ? &L->ex_down[s->ex_idx[k]] : &L->sh_down;
             job[k] = (Matvec){down, 0, down->rows, h1, k < A ? s->ex_y + (size_t)k * H : y};
         }
-        matvec_jobs(job, J, s->ex_xs, 1);
+        matvec_jobs(job, J, s->ex_xs, XS_COLS, 1);
         if (!c->n_shared) memset(y, 0, (size_t)H * sizeof(float));
         for (int k = 0; k < A; k++)
             for (int j = 0; j < H; j++) y[j] += s->ex_w[k] * s->ex_y[(size_t)k * H + j];

@@ -124,15 +124,24 @@ AVX512 static void axpy_f32_avx512(float *y, float a, const float *x, int n) {
  * into L1 0.71 of it, into L2 0.79-0.85, none 0.81; 4 KB ahead beat 8, 16 and 32).
  * The bf16 decode kernels use a distance per format (PREFETCH_AT): measured alternating
  * 1-16 KB on 1 GB matrices of 6144 columns, two threads, the read loop run before and
- * after each pass (tests/README: "prefetch distances"), BF16 rows were best 1-3 KB ahead
+ * after each pass (README, Speed: how to rebuild with other distances), BF16 rows were best 1-3 KB ahead
  * (2 KB: 0.91 of a ~50 GB/s read, 4 KB 0.89, 8 KB 0.68), FP8 rows 6-16 KB ahead (8 KB:
  * 0.85, 4 KB 0.70, 2 KB 0.49: the FP8 loop spends more instructions per byte, and the
  * short distances lost their lead) and MXFP4 8 KB (0.93 vs 0.86 at 4 KB when the read
- * gave ~33 GB/s; equal at ~50). */
+ * gave ~33 GB/s; equal at ~50). The two-row BF16 loop (8192+ columns) measured the
+ * same at 2 and 4 KB in glm bench (alternating builds, both moods). */
 #define PREFETCH_AHEAD 4096
 #define PREFETCH(p) _mm_prefetch((const char *)(p) + PREFETCH_AHEAD, _MM_HINT_T2)
 #define PREFETCH_AT(p, ahead) _mm_prefetch((const char *)(p) + (ahead), _MM_HINT_T2)
-enum { AHEAD_BF16 = 2048, AHEAD_FP8 = 8192, AHEAD_MXFP4 = 8192 };
+#ifndef AHEAD_BF16 /* overridable (-DAHEAD_BF16=...) to re-measure them; README, Speed */
+#define AHEAD_BF16 2048
+#endif
+#ifndef AHEAD_FP8
+#define AHEAD_FP8 8192
+#endif
+#ifndef AHEAD_MXFP4
+#define AHEAD_MXFP4 8192
+#endif
 
 /* FP8 for decode, 16 bytes at a time with in-lane shuffles only: the 16 bytes are copied to
  * each 128-bit lane, vpshufb puts byte i at the top of 32-bit lane i (zeros below), an

@@ -648,6 +648,13 @@ BF16 static void round_x_bf16(const float *xs, int np, uint16_t *xb) {
     for (int p = 0; p < np; p += 16) _mm256_storeu_si256((__m256i *)(xb + p), bf16_round16(_mm512_loadu_ps(xs + p)));
 }
 
+/* BF16 rows of COLS_BIG+ columns, ROWS_BIG at a time (see below; -D to re-measure) */
+#ifndef COLS_BIG
+#define COLS_BIG 8192
+#endif
+#ifndef ROWS_BIG
+#define ROWS_BIG 4
+#endif
 BF16 static void matvec_bf16_avx512(const Mat *W, int r0, int nr, const float *xs, float *y) {
     const int n = W->cols, np = (n + 127) & ~127;
     uint16_t xbuf[np + 32]; /* x in bf16, on this thread's stack (tens of KB at most), */
@@ -657,26 +664,25 @@ BF16 static void matvec_bf16_avx512(const Mat *W, int r0, int nr, const float *x
         round_x_bf16(xs, np, xb);
         int i = 0;
         /* Past 8192 columns x (16 KB+ in bf16) no longer stays in L1 beside the weight
-         * stream, and its reloads cost more than a second stream: two rows per pass read
-         * each x line once for both (16384 columns, two threads: 0.95 vs 0.87 of the read
-         * loop, 0.83 vs 0.69 when it gave ~50 GB/s). Narrower rows keep one stream. */
-        if (n >= 8192)
-            for (; i + 2 <= nr; i += 2) {
-                const uint16_t *w = (const uint16_t *)W->w + (size_t)(r0 + i) * n, *v = w + n;
-                __m512 a0 = _mm512_setzero_ps(), a1 = a0, b0 = a0, b1 = a0;
-                for (int k = 0; k < n; k += 64) { /* 128 bytes of each row */
-                    __mmask32 m0 = n - k >= 32 ? 0xFFFFFFFFu : (__mmask32)((1u << (n - k)) - 1);
-                    __mmask32 m1 = n - k >= 64 ? 0xFFFFFFFFu : n - k <= 32 ? 0 : (__mmask32)((1u << (n - k - 32)) - 1);
-                    PREFETCH_AT(w + k, AHEAD_BF16); PREFETCH_AT(w + k + 32, AHEAD_BF16);
-                    PREFETCH_AT(v + k, AHEAD_BF16); PREFETCH_AT(v + k + 32, AHEAD_BF16);
-                    __m512bh x0 = (__m512bh)_mm512_loadu_si512(xb + k), x1 = (__m512bh)_mm512_loadu_si512(xb + k + 32);
-                    a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_maskz_loadu_epi16(m0, w + k), x0);
-                    a1 = _mm512_dpbf16_ps(a1, (__m512bh)_mm512_maskz_loadu_epi16(m1, w + k + 32), x1);
-                    b0 = _mm512_dpbf16_ps(b0, (__m512bh)_mm512_maskz_loadu_epi16(m0, v + k), x0);
-                    b1 = _mm512_dpbf16_ps(b1, (__m512bh)_mm512_maskz_loadu_epi16(m1, v + k + 32), x1);
+         * stream, and its reloads cost more than more streams: ROWS_BIG rows per pass read
+         * each x line once for all of them. In glm bench (alternating builds, 4 runs each)
+         * the 12288- and 16384-column rows ran at 0.97-1.02 of the 6144-column rows' GB/s
+         * with four rows, 0.83-0.92 with two, ~0.8 with one; 6144 columns themselves were
+         * no faster with four (x, 12 KB, stays in L1 there). */
+        if (n >= COLS_BIG)
+            for (; i + ROWS_BIG <= nr; i += ROWS_BIG) {
+                const uint16_t *w = (const uint16_t *)W->w + (size_t)(r0 + i) * n;
+                __m512 a[ROWS_BIG];
+                for (int r = 0; r < ROWS_BIG; r++) a[r] = _mm512_setzero_ps();
+                for (int k = 0; k < n; k += 32) { /* 64 bytes of each row */
+                    __mmask32 m = n - k >= 32 ? 0xFFFFFFFFu : (__mmask32)((1u << (n - k)) - 1);
+                    __m512bh x0 = (__m512bh)_mm512_loadu_si512(xb + k);
+                    for (int r = 0; r < ROWS_BIG; r++) {
+                        PREFETCH_AT(w + (size_t)r * n + k, AHEAD_BF16);
+                        a[r] = _mm512_dpbf16_ps(a[r], (__m512bh)_mm512_maskz_loadu_epi16(m, w + (size_t)r * n + k), x0);
+                    }
                 }
-                y[i] = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
-                y[i + 1] = _mm512_reduce_add_ps(_mm512_add_ps(b0, b1));
+                for (int r = 0; r < ROWS_BIG; r++) y[i + r] = _mm512_reduce_add_ps(a[r]);
             }
         for (; i < nr; i++) {
             const uint16_t *w = (const uint16_t *)W->w + (size_t)(r0 + i) * n;

@@ -22,7 +22,8 @@
  * rounded to bf16 and vdpbf16ps takes the weights as (nearly) stored; see "Decode
  * with bf16 activations" below.
  * One row at a time: each thread then reads one sequential stream, which the memory
- * system serves best (four interleaved rows measured slower from mmap'd 4 KB pages).
+ * system serves best (four interleaved rows measured slower from mmap'd 4 KB pages);
+ * the exception is BF16 rows too wide for x to stay in L1 (matvec_bf16, COLS_BIG).
  *
  * GLM_KERNELS=c forces the plain loops, GLM_KERNELS=avx2 the AVX2 set (the fallback
  * for CPUs without AVX-512), otherwise the best the CPU has is taken.

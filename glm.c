@@ -1636,6 +1636,10 @@ static void mla_attend_absorbed(const Model *m, const Layer *L, const KVCache *k
                                        KR - j0 < 32 ? KR - j0 : 32);
                 continue;
             }
+            if (n == 1 && L->kv_b.fmt == WF_BF16 && kernels.matvec_transposed_bf16) {
+                kernels.matvec_transposed_bf16(&L->kv_b, h * (DN + DV), DN, s->q + (size_t)h * QD, s->q_abs + (size_t)h * AD);
+                continue;
+            }
             for (int i = 0; i < DN; i++) {
                 mat_dequant_row(&L->kv_b, h * (DN + DV) + i, row);
                 for (int t = 0; t < n; t++) axpy(s->q_abs + ((size_t)t * NH + h) * AD, s->q[((size_t)t * NH + h) * QD + i], row, KR);

@@ -238,6 +238,9 @@ typedef struct {
     void (*pack_pairs_bf16)(const uint16_t *A, int lda, const int *idx, int K, int nj, uint32_t *P);
     /* xb[0..kpad) = bf16(x[0..n)) rounded to nearest even, then zeros */
     void (*round_bf16)(const float *x, int n, uint16_t *xb, int kpad);
+    /* y[j] = Σ_i x[i]·W[r0+i][j], i < nr, j < cols: x times a block of W's rows, for one
+     * token's MLA absorb (q_abs = W_UKᵀ·q_nope); BF16 rows only */
+    void (*matvec_transposed_bf16)(const Mat *W, int r0, int nr, const float *x, float *y);
     float (*dot)(const float *a, const float *b, int n);
     void (*axpy)(float *y, float a, const float *x, int n);   /* y += a·x */
     /* machine measurements for glm bench (never NULL) */

@@ -127,6 +127,35 @@ static int test_set(const char *want) {
                 free(w); free(sc); free(x); free(xs); free(y); free(plain); free(fast);
             }
     }
+    /* x times a block of BF16 rows (the one-token MLA absorb): column counts around the
+     * 16-lane vectors and the 256-column passes, row blocks that do not start at 0 */
+    const int mt_shape[][3] = {{1, 1, 0}, {3, 17, 1}, {9, 255, 2}, {20, 256, 3}, {12, 257, 5}, {130, 512, 2}, {40, 600, 7}};
+    for (int c = 0; c < 7 && simd.matvec_transposed_bf16; c++) {
+        int rows = mt_shape[c][0] + mt_shape[c][2], cols = mt_shape[c][1], r0 = mt_shape[c][2], nr = mt_shape[c][0];
+        void *w = NULL, *sc = NULL;
+        Mat W = make_mat(WF_BF16, rows, cols, &w, &sc);
+        float *x = malloc((size_t)nr * 4), *y = malloc((size_t)cols * 4 + 64), *row = malloc((size_t)cols * 4);
+        for (int i = 0; i < nr; i++) x[i] = rndf() * 4;
+        for (int j = 0; j < cols + 16; j++) y[j] = 0.5f; /* past cols: must stay untouched */
+        simd.matvec_transposed_bf16(&W, r0, nr, x, y);
+        double worst = 0;
+        for (int j = 0; j < cols; j++) {
+            double ref = 0, mag = 1e-30;
+            for (int i = 0; i < nr; i++) {
+                float v = bf16_to_f32(((const uint16_t *)w)[(size_t)(r0 + i) * cols + j]);
+                ref += (double)v * x[i];
+                mag += fabs((double)v * x[i]);
+            }
+            double e = fabs(ref - y[j]) / mag;
+            if (e > worst) worst = e;
+        }
+        int untouched = 1;
+        for (int j = cols; j < cols + 16; j++) untouched &= y[j] == 0.5f;
+        char what[80];
+        snprintf(what, sizeof what, "%s matvec_transposed_bf16 rows %d..%d x %d", simd.name, r0, r0 + nr - 1, cols);
+        check(what, worst < 1e-5 && untouched, worst);
+        free(w); free(sc); free(x); free(y); free(row);
+    }
     /* the prefill micro-kernel: every token-group path (12, 4, 1) and partial panels */
     const int gemm_cases[][3] = {{1, 1, 32}, {5, 7, 17}, {17, 33, 32}, {29, 100, 9}, {64, 512, 32}, {3, 513, 16}};
     for (int c = 0; c < 12 && simd.gemm_panel; c++) { /* each case with ldp 32, then with a row stride of nj + 13 */

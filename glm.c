@@ -988,7 +988,8 @@ static double g_bytes_read;       /* weight + cache bytes touched, for GB/s repo
 static double g_flops;            /* floating-point operations (2 per multiply-add), for FLOP/s reports */
 /* x as a SIMD matvec reads it (matvec_split_x / matvec_order_bf16): up to the widest
  * matrix rounded up to 128 columns */
-#define XS_COLS (g_scratch_cols + 128)
+#define XS_FOR(cols) ((size_t)(cols) + 128) /* floats of x's layout for a matrix of cols columns */
+#define XS_COLS XS_FOR(g_scratch_cols)
 static float *g_x_split;          /* [g_threads][XS_COLS] */
 static float *g_panel;            /* [g_threads][g_panel_stride] prefill: a 32-row k-major panel, its 32 rows, a spare row */
 static size_t g_panel_stride;     /* max(65 * g_scratch_cols, PANEL_KC * 32) floats */
@@ -1147,7 +1148,7 @@ typedef struct {
  * the machine slows down does not keep the other waiting at the end (measured 1.10x over
  * one fixed half per thread), and several small products (the chosen experts) keep every
  * thread busy however many there are. xs: scratch [njobs][xs_cols] for x in each
- * kernel's layout, xs_cols >= the widest job's columns + 128 (jobs with the same x and
+ * kernel's layout, xs_cols >= XS_FOR(the widest job's columns) (jobs with the same x and
  * format share one). */
 static void matvec_jobs(const Matvec *job, int njobs, float *xs, size_t xs_cols, int parallel) {
     int start[njobs + 1], run[njobs];  /* job j's runs are start[j] .. start[j+1]-1 */
@@ -1315,7 +1316,7 @@ typedef struct {
     float *ex_y;             /* [cap][H] its outputs */
     float *h1, *h2;          /* [cap][max(FD, n_shared*FI)] SwiGLU hidden */
     float *ex_xs;            /* [2(n_active+1)][XS_COLS] decode: each expert product's x as its kernel reads it */
-    float *uv_xs;            /* [NH][KR+128] decode: each head's o_lat as W_UV's kernel reads it */
+    float *uv_xs;            /* [NH][XS_FOR(KR)] decode: each head's o_lat as W_UV's kernel reads it */
     float *logits;           /* [V] the last token's logits (bench, compare scratch) */
     /* bf16 attention products of a prompt chunk (default precision, AVX512-BF16 only) */
     uint16_t *lat_bf16;      /* [T][KR+DR] the layer's cached latents rounded to bf16, or NULL */
@@ -1385,7 +1386,7 @@ static void runstate_init(RunState *s, const Config *c, int cap, int ctx) {
     s->h1 = xmalloc(rows * ffn * sizeof(float));
     s->h2 = xmalloc(rows * ffn * sizeof(float));
     s->ex_xs = xmalloc((size_t)2 * (c->n_active + 1) * XS_COLS * sizeof(float));
-    s->uv_xs = xmalloc((size_t)c->n_heads * (c->kv_lora_rank + 128) * sizeof(float));
+    s->uv_xs = xmalloc((size_t)c->n_heads * XS_FOR(c->kv_lora_rank) * sizeof(float));
     s->logits = xmalloc((size_t)c->vocab_size * sizeof(float));
     if (g_act_bf16 && kernels.gemm_panel_bf16 && kernels.pack_pairs_bf16 && kernels.build_panel_bf16 && kernels.round_bf16) {
         const int AD = c->kv_lora_rank + c->qk_rope;
@@ -1759,7 +1760,7 @@ static void mla_attend_absorbed(const Model *m, const Layer *L, const KVCache *k
         Matvec job[NH];
         for (int h = 0; h < NH; h++)
             job[h] = (Matvec){&L->kv_b, h * (DN + DV) + DN, DV, s->o_lat + (size_t)h * KR, s->o_heads + (size_t)h * DV};
-        matvec_jobs(job, NH, s->uv_xs, (size_t)KR + 128, 1);
+        matvec_jobs(job, NH, s->uv_xs, XS_FOR(KR), 1);
     } else
         for (int h = 0; h < NH; h++)
             matmul_rows(s->o_heads + (size_t)h * DV, NH * DV, s->o_lat + (size_t)h * KR, NH * KR, &L->kv_b, h * (DN + DV) + DN, DV, n);

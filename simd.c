@@ -129,8 +129,9 @@ AVX512 static void axpy_f32_avx512(float *y, float a, const float *x, int n) {
  * (2 KB: 0.91 of a ~50 GB/s read, 4 KB 0.89, 8 KB 0.68), FP8 rows 6-16 KB ahead (8 KB:
  * 0.85, 4 KB 0.70, 2 KB 0.49: the FP8 loop spends more instructions per byte, and the
  * short distances lost their lead) and MXFP4 8 KB (0.93 vs 0.86 at 4 KB when the read
- * gave ~33 GB/s; equal at ~50). The two-row BF16 loop (8192+ columns) measured the
- * same at 2 and 4 KB in glm bench (alternating builds, both moods). */
+ * gave ~33 GB/s; equal at ~50). For BF16 rows of 8192+ columns, several per pass,
+ * 2 and 4 KB measured the same in glm bench (then two rows per pass; alternating
+ * builds, both moods). */
 #define PREFETCH_AHEAD 4096
 #define PREFETCH(p) _mm_prefetch((const char *)(p) + PREFETCH_AHEAD, _MM_HINT_T2)
 #define PREFETCH_AT(p, ahead) _mm_prefetch((const char *)(p) + (ahead), _MM_HINT_T2)

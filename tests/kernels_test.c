@@ -134,7 +134,7 @@ static int test_set(const char *want) {
         int rows = mt_shape[c][0] + mt_shape[c][2], cols = mt_shape[c][1], r0 = mt_shape[c][2], nr = mt_shape[c][0];
         void *w = NULL, *sc = NULL;
         Mat W = make_mat(WF_BF16, rows, cols, &w, &sc);
-        float *x = malloc((size_t)nr * 4), *y = malloc((size_t)cols * 4 + 64), *row = malloc((size_t)cols * 4);
+        float *x = malloc((size_t)nr * 4), *y = malloc((size_t)cols * 4 + 64);
         for (int i = 0; i < nr; i++) x[i] = rndf() * 4;
         for (int j = 0; j < cols + 16; j++) y[j] = 0.5f; /* past cols: must stay untouched */
         simd.matvec_transposed_bf16(&W, r0, nr, x, y);
@@ -154,7 +154,7 @@ static int test_set(const char *want) {
         char what[80];
         snprintf(what, sizeof what, "%s matvec_transposed_bf16 rows %d..%d x %d", simd.name, r0, r0 + nr - 1, cols);
         check(what, worst < 1e-5 && untouched, worst);
-        free(w); free(sc); free(x); free(y); free(row);
+        free(w); free(sc); free(x); free(y);
     }
     /* the prefill micro-kernel: every token-group path (12, 4, 1) and partial panels */
     const int gemm_cases[][3] = {{1, 1, 32}, {5, 7, 17}, {17, 33, 32}, {29, 100, 9}, {64, 512, 32}, {3, 513, 16}};

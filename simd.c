@@ -52,13 +52,10 @@ void matvec_split_x(const Mat *W, const float *x, float *xs) {
 
 /* Column of x that position p of the prepared vector holds (past the matrix: >= cols). */
 static int bf16_x_column(WeightFormat fmt, int p) {
-    int lane = p % 32 / 8, i = p % 8; /* a 16-byte lane of the unpacked register, a word in it */
-    if (fmt == WF_FP8) /* per 64 columns: unpacklo (bytes 0-7 of each lane), then unpackhi (8-15) */
-        return p / 64 * 64 + 16 * lane + 8 * (p % 64 / 32) + i;
-    if (fmt == WF_MXFP4) { /* per 128 columns: low nibbles lo/hi half, then high nibbles lo/hi half */
-        int reg = p % 128 / 32, byte = 8 * (reg & 1) + i;
-        return p / 128 * 128 + 32 * lane + 2 * byte + (reg >> 1);
-    }
+    if (fmt == WF_FP8) /* per 64 columns: the 32 even ones, then the 32 odd ones */
+        return p / 64 * 64 + 2 * (p % 32) + (p % 64) / 32;
+    if (fmt == WF_MXFP4) /* per 128 columns: word j of vector v (32 words each) is column 4j + v */
+        return p / 128 * 128 + 4 * (p % 32) + (p % 128) / 32;
     return p;
 }
 
@@ -655,7 +652,7 @@ BF16 static void round_x_bf16(const float *xs, int np, uint16_t *xb) {
 #define COLS_BIG 8192
 #endif
 #ifndef ROWS_BIG
-#define ROWS_BIG 4
+#define ROWS_BIG 2
 #endif
 BF16 static void matvec_bf16_avx512(const Mat *W, int r0, int nr, const float *xs, float *y) {
     const int n = W->cols, np = (n + 127) & ~127;
@@ -707,7 +704,7 @@ BF16 static void matvec_bf16_avx512(const Mat *W, int r0, int nr, const float *x
     }
     case WF_FP8: {
         const int nb = (n + 127) / 128;
-        const __m512i mask = _mm512_set1_epi16((short)0x87F0), zero = _mm512_setzero_si512();
+        const __m512i mask = _mm512_set1_epi16((short)0x87F0);
         round_x_bf16(xs, np, xb);
         for (int i = 0; i < nr; i++) {
             const int r = r0 + i;
@@ -717,13 +714,14 @@ BF16 static void matvec_bf16_avx512(const Mat *W, int r0, int nr, const float *x
             for (int b = 0; b < nb; b++) {
                 __m512 a0 = _mm512_setzero_ps(), a1 = a0;
                 for (int k = 128 * b; k < 128 * b + 128; k += 64) {
-                    __m512i bytes;
-                    if (k + 64 <= n) { PREFETCH_AT(w + k, AHEAD_FP8); bytes = _mm512_loadu_si512(w + k); }
-                    else bytes = _mm512_maskz_loadu_epi8(k < n ? ~0ull >> (64 - (n - k)) : 0, w + k);
-                    __m512i lo = _mm512_and_si512(_mm512_srai_epi16(_mm512_unpacklo_epi8(zero, bytes), 4), mask);
-                    __m512i hi = _mm512_and_si512(_mm512_srai_epi16(_mm512_unpackhi_epi8(zero, bytes), 4), mask);
-                    a0 = _mm512_dpbf16_ps(a0, (__m512bh)lo, (__m512bh)_mm512_loadu_si512(xb + k));
-                    a1 = _mm512_dpbf16_ps(a1, (__m512bh)hi, (__m512bh)_mm512_loadu_si512(xb + k + 32));
+                    __m512i words; /* word j: byte 2j low, byte 2j+1 high */
+                    if (k + 64 <= n) { PREFETCH_AT(w + k, AHEAD_FP8); words = _mm512_loadu_si512(w + k); }
+                    else words = _mm512_maskz_loadu_epi8(k < n ? ~0ull >> (64 - (n - k)) : 0, w + k);
+                    /* the high byte in place: shift and mask; the low one moved up first */
+                    __m512i odd = _mm512_and_si512(_mm512_srai_epi16(words, 4), mask);
+                    __m512i even = _mm512_and_si512(_mm512_srai_epi16(_mm512_slli_epi16(words, 8), 4), mask);
+                    a0 = _mm512_dpbf16_ps(a0, (__m512bh)even, (__m512bh)_mm512_loadu_si512(xb + k));
+                    a1 = _mm512_dpbf16_ps(a1, (__m512bh)odd, (__m512bh)_mm512_loadu_si512(xb + k + 32));
                 }
                 /* one multiplier per 128x128 block, times the 2^(120-64) taken off above */
                 t = _mm512_fmadd_ps(_mm512_add_ps(a0, a1), _mm512_set1_ps(scale[b] * 0x1p56f), t);
@@ -735,34 +733,29 @@ BF16 static void matvec_bf16_avx512(const Mat *W, int r0, int nr, const float *x
     case WF_MXFP4: {
         const int nb = n / 32;
         round_x_bf16(xs, np, xb);
-        uint8_t lo_bytes[16], hi_bytes[16];
-        for (int c = 0; c < 16; c++) {
-            uint16_t b = f32_to_bf16(e2m1_value[c]);
-            lo_bytes[c] = (uint8_t)b; hi_bytes[c] = (uint8_t)(b >> 8);
-        }
-        const __m512i lut_lo = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)lo_bytes));
-        const __m512i lut_hi = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)hi_bytes));
-        const __m512i low4 = _mm512_set1_epi8(0x0F);
-        /* scale bytes 0,1,2,3 spread to the four 16-byte lanes */
-        const __m128i spread = _mm_setr_epi8(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+        uint16_t table[32]; /* bf16 of each E2M1 value, twice: vpermw reads 5 index bits */
+        for (int c = 0; c < 32; c++) table[c] = f32_to_bf16(e2m1_value[c % 16]);
+        const __m512i lut = _mm512_loadu_si512(table);
+        /* dword lanes 4L..4L+3 (128-bit lane L) take scale byte L in their low byte */
+        const __m512i spread = _mm512_set_epi8(-1, -1, -1, 3, -1, -1, -1, 3, -1, -1, -1, 3, -1, -1, -1, 3,
+                                               -1, -1, -1, 2, -1, -1, -1, 2, -1, -1, -1, 2, -1, -1, -1, 2,
+                                               -1, -1, -1, 1, -1, -1, -1, 1, -1, -1, -1, 1, -1, -1, -1, 1,
+                                               -1, -1, -1, 0, -1, -1, -1, 0, -1, -1, -1, 0, -1, -1, -1, 0);
         for (int i = 0; i < nr; i++) {
             const uint8_t *w = W->w + (size_t)(r0 + i) * (n / 2), *sc = W->mx_scale + (size_t)(r0 + i) * nb;
             __m512 t = _mm512_setzero_ps();
             for (int b = 0; b < nb; b += 4) { /* 64 bytes, 4 blocks */
-                __m512i bytes;
+                __m512i words; /* word j = bytes 2j, 2j+1: columns 4j .. 4j+3, one nibble each */
                 uint32_t s4 = 0;
-                if (b + 4 <= nb) { PREFETCH_AT(w + 16 * b, AHEAD_MXFP4); bytes = _mm512_loadu_si512(w + 16 * b); memcpy(&s4, sc + b, 4); }
-                else { bytes = _mm512_maskz_loadu_epi8(~0ull >> (64 - 16 * (nb - b)), w + 16 * b); memcpy(&s4, sc + b, (size_t)(nb - b)); }
-                __m512i n0 = _mm512_and_si512(bytes, low4), n1 = _mm512_and_si512(_mm512_srli_epi16(bytes, 4), low4);
-                __m512i l0 = _mm512_shuffle_epi8(lut_lo, n0), h0 = _mm512_shuffle_epi8(lut_hi, n0);
-                __m512i l1 = _mm512_shuffle_epi8(lut_lo, n1), h1 = _mm512_shuffle_epi8(lut_hi, n1);
+                if (b + 4 <= nb) { PREFETCH_AT(w + 16 * b, AHEAD_MXFP4); words = _mm512_loadu_si512(w + 16 * b); memcpy(&s4, sc + b, 4); }
+                else { words = _mm512_maskz_loadu_epi8(~0ull >> (64 - 16 * (nb - b)), w + 16 * b); memcpy(&s4, sc + b, (size_t)(nb - b)); }
                 const uint16_t *x = xb + 32 * b;
-                __m512 a0 = _mm512_dpbf16_ps(_mm512_setzero_ps(), (__m512bh)_mm512_unpacklo_epi8(l0, h0), (__m512bh)_mm512_loadu_si512(x));
-                __m512 a1 = _mm512_dpbf16_ps(_mm512_setzero_ps(), (__m512bh)_mm512_unpackhi_epi8(l0, h0), (__m512bh)_mm512_loadu_si512(x + 32));
-                a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_unpacklo_epi8(l1, h1), (__m512bh)_mm512_loadu_si512(x + 64));
-                a1 = _mm512_dpbf16_ps(a1, (__m512bh)_mm512_unpackhi_epi8(l1, h1), (__m512bh)_mm512_loadu_si512(x + 96));
-                /* 2^(s-127) built from the exponent bits (s = 0 gives 0 instead of 2^-127) */
-                __m512i s = _mm512_cvtepu8_epi32(_mm_shuffle_epi8(_mm_cvtsi32_si128((int)s4), spread));
+                __m512 a0 = _mm512_dpbf16_ps(_mm512_setzero_ps(), (__m512bh)_mm512_permutexvar_epi16(words, lut), (__m512bh)_mm512_loadu_si512(x));
+                __m512 a1 = _mm512_dpbf16_ps(_mm512_setzero_ps(), (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(words, 4), lut), (__m512bh)_mm512_loadu_si512(x + 32));
+                a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(words, 8), lut), (__m512bh)_mm512_loadu_si512(x + 64));
+                a1 = _mm512_dpbf16_ps(a1, (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(words, 12), lut), (__m512bh)_mm512_loadu_si512(x + 96));
+                /* lane l holds columns of block l/4: scale 2^(s-127) from the exponent bits (s = 0 gives 0) */
+                __m512i s = _mm512_shuffle_epi8(_mm512_set1_epi32((int)s4), spread);
                 t = _mm512_fmadd_ps(_mm512_add_ps(a0, a1), _mm512_castsi512_ps(_mm512_slli_epi32(s, 23)), t);
             }
             y[i] = _mm512_reduce_add_ps(t);

@@ -1150,9 +1150,22 @@ typedef struct {
  * thread busy however many there are. xs: scratch [njobs][xs_cols] for x in each
  * kernel's layout, xs_cols >= XS_FOR(the widest job's columns) (jobs with the same x and
  * format share one). */
+#ifndef RUN_MIN /* bytes of weights per run handed to a thread (-D to re-measure) */
+#define RUN_MIN (1 << 20)
+#endif
+#ifndef RUN_MAX
+#define RUN_MAX (8 << 20)
+#endif
 static void matvec_jobs(const Matvec *job, int njobs, float *xs, size_t xs_cols, int parallel) {
     int start[njobs + 1], run[njobs];  /* job j's runs are start[j] .. start[j+1]-1 */
     const float *xl[njobs];             /* x of job j in its kernel's layout */
+    /* runs as long as the balance allows: each run restarts a prefetch stream (the first
+     * few KB wait for memory), so 8 MB runs read the lm_head 5-10% faster than 1 MB ones;
+     * but a slowed thread may hold the last run, so a call keeps ~8 runs per thread */
+    double total = 0;
+    for (int j = 0; j < njobs; j++) total += (double)job[j].W->bytes * job[j].nr / job[j].W->rows;
+    double run_bytes = total / (8.0 * (parallel ? g_threads : 1));
+    run_bytes = run_bytes < RUN_MIN ? RUN_MIN : run_bytes > RUN_MAX ? RUN_MAX : run_bytes;
     start[0] = 0;
     for (int j = 0; j < njobs; j++) {
         const Mat *W = job[j].W;
@@ -1161,7 +1174,7 @@ static void matvec_jobs(const Matvec *job, int njobs, float *xs, size_t xs_cols,
 #pragma omp atomic
         g_flops += 2.0 * job[j].nr * W->cols;
         const size_t row_bytes = W->bytes / W->rows + 1;
-        run[j] = (int)((1u << 20) / row_bytes) & ~3;
+        run[j] = (int)(run_bytes / row_bytes) & ~3;
         if (run[j] < 4) run[j] = 4;
         start[j + 1] = start[j] + (job[j].nr + run[j] - 1) / run[j];
         xl[j] = NULL;

@@ -1005,7 +1005,7 @@ static double g_flops;            /* floating-point operations (2 per multiply-a
 #define XS_COLS XS_FOR(g_scratch_cols)
 static float *g_x_split;          /* [g_threads][XS_COLS] */
 static float *g_panel;            /* [g_threads][g_panel_stride] prefill: a 32-row k-major panel, its 32 rows, a spare row */
-static size_t g_panel_stride;     /* max(65 * g_scratch_cols, PANEL_KC * 32) floats */
+static size_t g_panel_stride;     /* max(65 * g_scratch_cols, PANEL_KC * 32 + PREFILL_CHUNK * 32) floats */
 /* Weight products with activations rounded to bf16 (vdpbf16ps; ~1e-3 relative error per
  * product, as llama.cpp's bf16 path) where the CPU has AVX512-BF16: the default. Prompts:
  * twice the fp32 FMA rate. Decode: the weights go into the instruction as they are stored
@@ -1025,7 +1025,8 @@ static void scratch_init(int max_cols) {
     g_scratch_cols = max_cols;
     g_row_scratch = xmalloc((size_t)g_threads * (size_t)max_cols * sizeof(float));
     g_x_split = xmalloc((size_t)g_threads * XS_COLS * sizeof(float));
-    g_panel_stride = (size_t)65 * max_cols > (size_t)PANEL_KC * 32 ? (size_t)65 * max_cols : (size_t)PANEL_KC * 32;
+    const size_t bf16_gemm = (size_t)PANEL_KC * 32 + (size_t)PREFILL_CHUNK * 32; /* panel, stage, y tile */
+    g_panel_stride = (size_t)65 * max_cols > bf16_gemm ? (size_t)65 * max_cols : bf16_gemm;
     g_panel = xcalloc((size_t)g_threads * g_panel_stride, sizeof(float));
     g_x_bf16 = xcalloc((size_t)PREFILL_CHUNK * (max_cols + 64), sizeof(uint16_t));
 }
@@ -1249,17 +1250,21 @@ static void matmul_rows(float *y, int ldy, const float *x, int ldx, const Mat *W
 #pragma omp parallel if (parallel)
         {
             uint32_t *panel = (uint32_t *)(g_panel + (size_t)thread_id() * g_panel_stride), *stage = panel + (size_t)KC / 2 * 32;
-            uint16_t *block = (uint16_t *)(stage + (size_t)KC / 2 * 32); /* [32][K] copy of BF16 rows */
+            /* the 32 rows' sums for every token, 32 floats apart: y's own rows are W->rows
+             * floats apart, a multiple of 4 KB at GLM widths, so a tile's 12 token rows
+             * would share one L1 set (summing into y directly cost 20% of the products) */
+            float *ytile = (float *)(stage + (size_t)KC / 2 * 32);
+            uint16_t *block = (uint16_t *)(ytile + (size_t)PREFILL_CHUNK * 32); /* [32][K] copy of BF16 rows */
 #pragma omp for schedule(dynamic, 1)
             for (int rb = 0; rb < nr; rb += 32) {
                 int nj = nr - rb < 32 ? nr - rb : 32;
-                for (int t = 0; t < n; t++) memset(y + (size_t)t * ldy + rb, 0, (size_t)nj * sizeof(float));
+                memset(ytile, 0, (size_t)n * 32 * sizeof(float));
                 /* BF16 rows are used as they are, and 32 of them are one contiguous run of the
                  * file: copied in one sequential pass (which the hardware prefetcher streams),
                  * the chunks are then cut from cache instead of from 32 strided DRAM streams */
                 Mat blk = *W;
                 int rs = r0 + rb;
-                if (W->fmt == WF_BF16 && (size_t)32 * K / 2 + (size_t)KC * 32 <= g_panel_stride) {
+                if (W->fmt == WF_BF16 && (size_t)32 * K / 2 + (size_t)KC * 32 + (size_t)PREFILL_CHUNK * 32 <= g_panel_stride) {
                     memcpy(block, (const uint16_t *)W->w + (size_t)rs * K, (size_t)nj * K * sizeof(uint16_t));
                     blk.w = (const uint8_t *)block;
                     rs = 0;
@@ -1267,8 +1272,9 @@ static void matmul_rows(float *y, int ldy, const float *x, int ldx, const Mat *W
                 for (int k0 = 0; k0 < KP; k0 += KC) {
                     int kc = KP - k0 < KC ? KP - k0 : KC;
                     kernels.build_panel_bf16(&blk, rs, nj, k0, kc, stage, panel);
-                    kernels.gemm_panel_bf16((const uint16_t *)panel, kc, g_x_bf16 + k0, LDX, n, y + rb, ldy, nj);
+                    kernels.gemm_panel_bf16((const uint16_t *)panel, kc, g_x_bf16 + k0, LDX, n, ytile, 32, nj);
                 }
+                for (int t = 0; t < n; t++) memcpy(y + (size_t)t * ldy + rb, ytile + (size_t)t * 32, (size_t)nj * sizeof(float));
             }
         }
         return;

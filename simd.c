@@ -634,7 +634,7 @@ BF16 static void gemm_rows_bf16_avx512(const Mat *W, int r0, int nr, const uint1
  *          magnitude bits at 10..4: the bf16 of (E4M3 value) x 2^-120, as
  *          fp8x16_placed does for fp32), its low byte (the even column) the same after
  *          a shift left by 8; x per 64 columns is the 32 even ones, then the 32 odd
- *          ones. No byte shuffles (unpacking with zeros measured 3% slower from memory).
+ *          ones. No byte shuffles (unpacking with zeros measured 0-3% slower from memory).
  *          x carries 2^64 and the block scale 2^56. vdpbf16ps treats bf16 subnormals
  *          as zero, so E4M3 subnormals (|v| < 2^-6, below 1/28000 of a block's largest
  *          weight) count as zero: on real weights that is far under the format's own

@@ -1157,19 +1157,19 @@ typedef struct {
     float *y;       /* [nr] */
 } Matvec;
 
-/* Runs one-token products (decode) together: the rows of all of them in runs of ~1 MB
- * of weights, handed out as threads free up. Each run is one sequential stream, a thread
- * the machine slows down does not keep the other waiting at the end (measured 1.10x over
- * one fixed half per thread), and several small products (the chosen experts) keep every
- * thread busy however many there are. xs: scratch [njobs][xs_cols] for x in each
- * kernel's layout, xs_cols >= XS_FOR(the widest job's columns) (jobs with the same x and
- * format share one). */
 #ifndef RUN_MIN /* bytes of weights per run handed to a thread (-D to re-measure) */
 #define RUN_MIN (1 << 20)
 #endif
 #ifndef RUN_MAX
 #define RUN_MAX (8 << 20)
 #endif
+/* Runs one-token products (decode) together: the rows of all of them in runs of RUN_MIN
+ * to RUN_MAX bytes of weights, handed out as threads free up. Each run is one sequential
+ * stream, a thread the machine slows down does not keep the other waiting at the end
+ * (measured 1.10x over one fixed half per thread), and several small products (the chosen
+ * experts) keep every thread busy however many there are. xs: scratch [njobs][xs_cols]
+ * for x in each kernel's layout, xs_cols >= XS_FOR(the widest job's columns) (jobs with
+ * the same x and format share one). */
 static void matvec_jobs(const Matvec *job, int njobs, float *xs, size_t xs_cols, int parallel) {
     int start[njobs + 1], run[njobs];  /* job j's runs are start[j] .. start[j+1]-1 */
     const float *xl[njobs];             /* x of job j in its kernel's layout */
@@ -1249,7 +1249,8 @@ static void matmul_rows(float *y, int ldy, const float *x, int ldx, const Mat *W
         }
 #pragma omp parallel if (parallel)
         {
-            uint32_t *panel = (uint32_t *)(g_panel + (size_t)thread_id() * g_panel_stride), *stage = panel + (size_t)KC / 2 * 32;
+            float *scratch = g_panel + (size_t)thread_id() * g_panel_stride;
+            uint32_t *panel = (uint32_t *)scratch, *stage = panel + (size_t)KC / 2 * 32;
             /* the 32 rows' sums for every token, 32 floats apart: y's own rows are W->rows
              * floats apart, a multiple of 4 KB at GLM widths, so a tile's 12 token rows
              * would share one L1 set (summing into y directly cost 20% of the products) */
@@ -1264,7 +1265,7 @@ static void matmul_rows(float *y, int ldy, const float *x, int ldx, const Mat *W
                  * the chunks are then cut from cache instead of from 32 strided DRAM streams */
                 Mat blk = *W;
                 int rs = r0 + rb;
-                if (W->fmt == WF_BF16 && (size_t)32 * K / 2 + (size_t)KC * 32 + (size_t)PREFILL_CHUNK * 32 <= g_panel_stride) {
+                if (W->fmt == WF_BF16 && block + (size_t)32 * K <= (uint16_t *)(scratch + g_panel_stride)) {
                     memcpy(block, (const uint16_t *)W->w + (size_t)rs * K, (size_t)nj * K * sizeof(uint16_t));
                     blk.w = (const uint8_t *)block;
                     rs = 0;

@@ -671,10 +671,13 @@ BF16 static void matvec_bf16_avx512(const Mat *W, int r0, int nr, const float *x
         int i = 0;
         /* Past 8192 columns x (16 KB+ in bf16) no longer stays in L1 beside the weight
          * stream, and its reloads cost more than more streams: ROWS_BIG rows per pass read
-         * each x line once for all of them. In glm bench (alternating builds, 4 runs each)
-         * the 12288- and 16384-column rows ran at 0.97-1.02 of the 6144-column rows' GB/s
-         * with four rows, 0.83-0.92 with two, ~0.8 with one; 6144 columns themselves were
-         * no faster with four (x, 12 KB, stays in L1 there). */
+         * each x line once for all of them. How many is host-dependent (README, Speed):
+         * in glm bench on the 2026-12-03 host (cores shared with neighbours) the 12288- and
+         * 16384-column rows ran at 0.97-1.02 of the 6144-column rows' GB/s with four rows,
+         * 0.83-0.92 with two, ~0.8 with one; on the 2026-12-04 host (unshared cores) two
+         * gave 67-76 GB/s, one 62-71, four 55-58 (16384 columns, alternating in one
+         * process). Two is the compromise. 6144 columns were no faster with more than one
+         * (x, 12 KB, stays in L1 there). */
         if (n >= COLS_BIG)
             for (; i + ROWS_BIG <= nr; i += ROWS_BIG) {
                 const uint16_t *w = (const uint16_t *)W->w + (size_t)(r0 + i) * n;

@@ -131,7 +131,7 @@ AVX512 static void axpy_f32_avx512(float *y, float a, const float *x, int n) {
  * builds, both moods). */
 #define PREFETCH_AHEAD 4096
 #define PREFETCH(p) _mm_prefetch((const char *)(p) + PREFETCH_AHEAD, _MM_HINT_T2)
-#define PREFETCH_AT(p, ahead) _mm_prefetch((const char *)(p) + (ahead), _MM_HINT_T2)
+#define PREFETCH_AT(p, ahead) do { if ((ahead) > 0) _mm_prefetch((const char *)(p) + (ahead), _MM_HINT_T2); } while (0) /* ahead 0: none */
 #ifndef AHEAD_BF16 /* overridable (-DAHEAD_BF16=...) to re-measure them; README, Speed */
 #define AHEAD_BF16 2048
 #endif

@@ -1334,7 +1334,7 @@ typedef struct {
     float *o_lat;            /* [cap][NH][KR] attention output in latent space */
     float *o_heads;          /* [cap][NH*DV] */
     float *out;              /* [cap][H] output of attention / MLP before the residual add */
-    float *scores;           /* [threads][ATTN_HEAD_BLOCK][T] attention and indexer scores */
+    float *scores;           /* [threads][ATTN_HEAD_BLOCK][PROBS_STRIDE(T)] attention and indexer scores */
     float *ix_q;             /* [cap][IH*ID] */
     float *ix_k;             /* [cap][ID] */
     float *ix_w;             /* [cap][IH] */
@@ -1367,6 +1367,12 @@ typedef struct {
  *                       [KEY_BLOCK/2][32] words of value panel, probs [32][topk even] */
 typedef struct { uint16_t *w_uk, *xq, *qa, *keys, *probs; uint32_t *absorb_pairs, *panel, *stage, *value_pairs; } AttnBf16;
 
+/* Row stride (in elements) of the heads' scores and probabilities over ns keys: past ns,
+ * and never a multiple of 4 KB. The value sums broadcast 12 heads' probabilities at once;
+ * rows 2048 keys apart (8 KB in fp32, 4 KB in bf16) all fell in one L1 set, and the
+ * decode attention of 2048 keys ran at a tenth of the FMA peak. */
+#define PROBS_STRIDE(ns) ((((size_t)(ns) + 31) & ~(size_t)31) + 16)
+
 static size_t attn_bf16_scratch(const Config *c, int cap, size_t topk, uint16_t *base, AttnBf16 *p) {
     const size_t DN = (size_t)c->qk_nope, DNE = (DN + 1) & ~(size_t)1, KR = (size_t)c->kv_lora_rank;
     const size_t AD = KR + (size_t)c->qk_rope, ADP = (AD + 31) & ~(size_t)31;
@@ -1382,7 +1388,7 @@ static size_t attn_bf16_scratch(const Config *c, int cap, size_t topk, uint16_t 
     PART(stage, uint32_t, ADP * 32);
     PART(keys, uint16_t, (size_t)KEY_BLOCK * AD);
     PART(value_pairs, uint32_t, (size_t)KEY_BLOCK * 32);
-    PART(probs, uint16_t, 32 * ((topk + 1) & ~(size_t)1));
+    PART(probs, uint16_t, 32 * PROBS_STRIDE(topk));
 #undef PART
     return absorb > off ? absorb : off;
 }
@@ -1402,7 +1408,7 @@ static void runstate_init(RunState *s, const Config *c, int cap, int ctx) {
     s->o_lat = xmalloc(B * c->n_heads * c->kv_lora_rank * sizeof(float));
     s->o_heads = xmalloc(B * c->n_heads * c->v_head * sizeof(float));
     s->out = xmalloc(B * c->hidden * sizeof(float));
-    s->scores = xmalloc((size_t)g_threads * ATTN_HEAD_BLOCK * ctx * sizeof(float));
+    s->scores = xmalloc((size_t)g_threads * ATTN_HEAD_BLOCK * PROBS_STRIDE(ctx) * sizeof(float));
     s->ix_q = xmalloc(B * c->index_n_heads * c->index_head_dim * sizeof(float));
     s->ix_k = xmalloc(B * c->index_head_dim * sizeof(float));
     s->ix_w = xmalloc(B * c->index_n_heads * sizeof(float));
@@ -1547,7 +1553,7 @@ static void index_token(const Model *m, const Layer *L, const KVCache *kv, RunSt
         s->n_sel[t] = visible;
         return;
     }
-    float *score = s->scores + (size_t)thread_id() * ATTN_HEAD_BLOCK * kv->ctx;
+    float *score = s->scores + (size_t)thread_id() * ATTN_HEAD_BLOCK * PROBS_STRIDE(kv->ctx);
     const float *q = s->ix_q + (size_t)t * IH * ID, *w = s->ix_w + (size_t)t * IH;
     if (ix_gemm) { /* keys x heads dot products as a GEMM: the keys are the "tokens", the
                     * heads the rows of a panel of q transposed; 256 keys at a time */
@@ -1713,8 +1719,9 @@ static void mla_attend_absorbed(const Model *m, const Layer *L, const KVCache *k
     for (int t = 0; t < n; t++) {
         for (int hb = 0; hb < n_blocks; hb++) {
             const int h0 = hb * HB, nh = NH - h0 < HB ? NH - h0 : HB;
-            float *score = s->scores + (size_t)thread_id() * HB * kv->ctx; /* [nh][ns] */
             const int *sel = s->sel + (size_t)t * K, ns = s->n_sel[t];
+            const size_t lds = PROBS_STRIDE(ns);
+            float *score = s->scores + (size_t)thread_id() * HB * PROBS_STRIDE(kv->ctx); /* [nh][lds] */
             const float *qa = s->q_abs + ((size_t)t * NH + h0) * AD;
             float *o = s->o_lat + ((size_t)t * NH + h0) * KR;
             memset(o, 0, (size_t)nh * KR * sizeof(float));
@@ -1736,7 +1743,7 @@ static void mla_attend_absorbed(const Model *m, const Layer *L, const KVCache *k
                                             st + (size_t)j0 * 32, 32, nh);
                 }
                 for (int h = 0; h < nh; h++)
-                    for (int j = 0; j < ns; j++) score[(size_t)h * ns + j] = st[(size_t)j * 32 + h] * scale;
+                    for (int j = 0; j < ns; j++) score[(size_t)h * lds + j] = st[(size_t)j * 32 + h] * scale;
             } else if (attn_gemm) {
                 const float *heads = qa;
                 if (nh < 32) { /* pack_panel reads 32 rows */
@@ -1751,15 +1758,15 @@ static void mla_attend_absorbed(const Model *m, const Layer *L, const KVCache *k
                     kernels.gemm_panel(qp, 32, AD, key_rows(latent, AD, sel + j0, nk, keys + (size_t)AD * 32), AD, nk, st + (size_t)j0 * 32, 32, nh);
                 }
                 for (int h = 0; h < nh; h++)
-                    for (int j = 0; j < ns; j++) score[(size_t)h * ns + j] = st[(size_t)j * 32 + h] * scale;
+                    for (int j = 0; j < ns; j++) score[(size_t)h * lds + j] = st[(size_t)j * 32 + h] * scale;
             } else {
                 for (int j = 0; j < ns; j++) {
                     const float *row = latent + (size_t)sel[j] * AD;
-                    for (int h = 0; h < nh; h++) score[(size_t)h * ns + j] = dot(qa + (size_t)h * AD, row, AD) * scale;
+                    for (int h = 0; h < nh; h++) score[(size_t)h * lds + j] = dot(qa + (size_t)h * AD, row, AD) * scale;
                 }
             }
             for (int h = 0; h < nh; h++) { /* softmax over the selected keys */
-                float *sc = score + (size_t)h * ns, mx = -INFINITY, sum = 0.0f;
+                float *sc = score + (size_t)h * lds, mx = -INFINITY, sum = 0.0f;
                 for (int j = 0; j < ns; j++) if (sc[j] > mx) mx = sc[j];
                 for (int j = 0; j < ns; j++) { sc[j] = expf(sc[j] - mx); sum += sc[j]; }
                 for (int j = 0; j < ns; j++) sc[j] /= sum;
@@ -1767,8 +1774,8 @@ static void mla_attend_absorbed(const Model *m, const Layer *L, const KVCache *k
             if (bf16 && attn_gemm) { /* o[h] = Σ_j p[h][j] · row j[0:KR]: the k of this product
                                       * runs down the key rows, interleaved in pairs 32 columns
                                       * at a time; the probabilities stream through */
-                const int nsp = (ns + 1) & ~1;
-                for (int h = 0; h < nh; h++) kernels.round_bf16(score + (size_t)h * ns, ns, b.probs + (size_t)h * nsp, nsp);
+                const int nsp = (int)lds; /* even */
+                for (int h = 0; h < nh; h++) kernels.round_bf16(score + (size_t)h * lds, ns, b.probs + (size_t)h * nsp, nsp);
                 for (int j0 = 0; j0 < ns; j0 += KEY_BLOCK) {
                     int nk = ns - j0 < KEY_BLOCK ? ns - j0 : KEY_BLOCK;
                     for (int d0 = 0; d0 < KR; d0 += 32) {
@@ -1782,12 +1789,12 @@ static void mla_attend_absorbed(const Model *m, const Layer *L, const KVCache *k
                     int nk = ns - j0 < KEY_BLOCK ? ns - j0 : KEY_BLOCK;
                     const float *rows = key_rows(latent, AD, sel + j0, nk, keys + (size_t)AD * 32);
                     for (int d0 = 0; d0 < KR; d0 += 32)
-                        kernels.gemm_panel(rows + d0, AD, nk, score + j0, ns, nh, o + d0, KR, KR - d0 < 32 ? KR - d0 : 32);
+                        kernels.gemm_panel(rows + d0, AD, nk, score + j0, (int)lds, nh, o + d0, KR, KR - d0 < 32 ? KR - d0 : 32);
                 }
             } else {
                 for (int j = 0; j < ns; j++) {
                     const float *row = latent + (size_t)sel[j] * AD;
-                    for (int h = 0; h < nh; h++) axpy(o + (size_t)h * KR, score[(size_t)h * ns + j], row, KR);
+                    for (int h = 0; h < nh; h++) axpy(o + (size_t)h * KR, score[(size_t)h * lds + j], row, KR);
                 }
             }
         }

@@ -371,8 +371,8 @@ static double fma_peak_avx512(void) {
 #define GEMM_TILE(T)                                                                          \
     AVX512 static inline void gemm_tile##T(const float *P, int ldp, int K, const float *X, int ldx, \
                                             float *Y, int ldy, __mmask16 m0, __mmask16 m1) {   \
-        __m512 acc[T][2];                                                                      \
-        for (int j = 0; j < T; j++) acc[j][0] = acc[j][1] = _mm512_setzero_ps();               \
+        __m512 acc[T][2]; /* every loop over it unrolled: then GCC keeps it in registers */     \
+        _Pragma("GCC unroll 12") for (int j = 0; j < T; j++) acc[j][0] = acc[j][1] = _mm512_setzero_ps(); \
         for (int k = 0; k < K; k++) {                                                          \
             __m512 p0 = _mm512_maskz_loadu_ps(m0, P + (size_t)k * ldp), p1 = _mm512_maskz_loadu_ps(m1, P + (size_t)k * ldp + 16); \
             _Pragma("GCC unroll 12") for (int j = 0; j < T; j++) {                             \
@@ -381,7 +381,7 @@ static double fma_peak_avx512(void) {
                 acc[j][1] = _mm512_fmadd_ps(p1, xb, acc[j][1]);                                \
             }                                                                                  \
         }                                                                                      \
-        for (int j = 0; j < T; j++) {                                                          \
+        _Pragma("GCC unroll 12") for (int j = 0; j < T; j++) {                                 \
             float *y = Y + (size_t)j * ldy;                                                    \
             _mm512_mask_storeu_ps(y, m0, _mm512_add_ps(_mm512_maskz_loadu_ps(m0, y), acc[j][0])); \
             _mm512_mask_storeu_ps(y + 16, m1, _mm512_add_ps(_mm512_maskz_loadu_ps(m1, y + 16), acc[j][1])); \
@@ -789,7 +789,8 @@ AVX512 static void matvec_transposed_bf16_avx512(const Mat *W, int r0, int nr, c
     const uint16_t *w = (const uint16_t *)W->w + (size_t)r0 * n;
     for (int c0 = 0; c0 < n; c0 += 256) {
         __mmask16 m[16];
-        __m512 acc[16];
+        __m512 acc[16]; /* every loop over it unrolled: then GCC keeps it in registers */
+#pragma GCC unroll 16
         for (int q = 0; q < 16; q++) {
             int left = n - c0 - 16 * q;
             m[q] = left >= 16 ? 0xFFFF : left <= 0 ? 0 : (__mmask16)((1u << left) - 1);
@@ -803,6 +804,7 @@ AVX512 static void matvec_transposed_bf16_avx512(const Mat *W, int r0, int nr, c
 #pragma GCC unroll 16
             for (int q = 0; q < 16; q++) acc[q] = _mm512_fmadd_ps(a, bf16x16_masked(row + 16 * q, m[q]), acc[q]);
         }
+#pragma GCC unroll 16
         for (int q = 0; q < 16; q++) _mm512_mask_storeu_ps(y + c0 + 16 * q, m[q], acc[q]);
     }
 }

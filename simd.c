@@ -23,7 +23,7 @@
  * with bf16 activations" below.
  * One row at a time: each thread then reads one sequential stream, which the memory
  * system serves best (four interleaved rows measured slower from mmap'd 4 KB pages);
- * the exception is BF16 rows too wide for x to stay in L1 (matvec_bf16, COLS_BIG).
+ * BF16 rows too wide for x to stay in L1 included (see matvec_bf16_avx512).
  *
  * GLM_KERNELS=c forces the plain loops, GLM_KERNELS=avx2 the AVX2 set (the fallback
  * for CPUs without AVX-512), otherwise the best the CPU has is taken.
@@ -126,14 +126,18 @@ AVX512 static void axpy_f32_avx512(float *y, float a, const float *x, int n) {
  * (2 KB: 0.91 of a ~50 GB/s read, 4 KB 0.89, 8 KB 0.68), FP8 rows 6-16 KB ahead (8 KB:
  * 0.85, 4 KB 0.70, 2 KB 0.49: the FP8 loop spends more instructions per byte, and the
  * short distances lost their lead) and MXFP4 8 KB (0.93 vs 0.86 at 4 KB when the read
- * gave ~33 GB/s; equal at ~50). For BF16 rows of 8192+ columns, several per pass,
- * 2 and 4 KB measured the same in glm bench (then two rows per pass; alternating
- * builds, both moods). */
+ * gave ~33 GB/s; equal at ~50). On the host of 2026-12-04 (unshared cores, reads of
+ * 55-85 GB/s) BF16 rows ran fastest with none: in glm bench (a profiling build, per
+ * matrix, builds alternating in 6 rounds) every BF16 product 4-25% faster without,
+ * wide rows included (one row at a time), while FP8 and MXFP4 rows lost 5-12% without
+ * theirs: the hardware prefetcher keeps up with a loop of ~4 instructions per 64 bytes,
+ * not with the ~10 of the FP8 and MXFP4 loops. So BF16 has no software prefetch now
+ * (AHEAD_BF16 0; -DAHEAD_BF16=2048 puts it back). */
 #define PREFETCH_AHEAD 4096
 #define PREFETCH(p) _mm_prefetch((const char *)(p) + PREFETCH_AHEAD, _MM_HINT_T2)
 #define PREFETCH_AT(p, ahead) do { if ((ahead) > 0) _mm_prefetch((const char *)(p) + (ahead), _MM_HINT_T2); } while (0) /* ahead 0: none */
 #ifndef AHEAD_BF16 /* overridable (-DAHEAD_BF16=...) to re-measure them; README, Speed */
-#define AHEAD_BF16 2048
+#define AHEAD_BF16 0
 #endif
 #ifndef AHEAD_FP8
 #define AHEAD_FP8 8192
@@ -654,13 +658,6 @@ BF16 static void round_x_bf16(const float *xs, int np, uint16_t *xb) {
     for (int p = 0; p < np; p += 16) _mm256_storeu_si256((__m256i *)(xb + p), bf16_round16(_mm512_loadu_ps(xs + p)));
 }
 
-/* BF16 rows of COLS_BIG+ columns, ROWS_BIG at a time (see below; -D to re-measure) */
-#ifndef COLS_BIG
-#define COLS_BIG 8192
-#endif
-#ifndef ROWS_BIG
-#define ROWS_BIG 2
-#endif
 BF16 static void matvec_bf16_avx512(const Mat *W, int r0, int nr, const float *xs, float *y) {
     const int n = W->cols, np = (n + 127) & ~127;
     uint16_t xbuf[np + 32]; /* x in bf16, on this thread's stack (tens of KB at most), */
@@ -668,32 +665,12 @@ BF16 static void matvec_bf16_avx512(const Mat *W, int r0, int nr, const float *x
     switch (W->fmt) {
     case WF_BF16: {
         round_x_bf16(xs, np, xb);
-        int i = 0;
-        /* Past 8192 columns x (16 KB+ in bf16) no longer stays in L1 beside the weight
-         * stream, and its reloads cost more than more streams: ROWS_BIG rows per pass read
-         * each x line once for all of them. How many is host-dependent (README, Speed):
-         * in glm bench on the 2026-12-03 host (cores shared with neighbours) the 12288- and
-         * 16384-column rows ran at 0.97-1.02 of the 6144-column rows' GB/s with four rows,
-         * 0.83-0.92 with two, ~0.8 with one; on the 2026-12-04 host (unshared cores) two
-         * gave 67-76 GB/s, one 62-71, four 55-58 (16384 columns, alternating in one
-         * process). Two is the compromise. 6144 columns were no faster with more than one
-         * (x, 12 KB, stays in L1 there). */
-        if (n >= COLS_BIG)
-            for (; i + ROWS_BIG <= nr; i += ROWS_BIG) {
-                const uint16_t *w = (const uint16_t *)W->w + (size_t)(r0 + i) * n;
-                __m512 a[ROWS_BIG];
-                for (int r = 0; r < ROWS_BIG; r++) a[r] = _mm512_setzero_ps();
-                for (int k = 0; k < n; k += 32) { /* 64 bytes of each row */
-                    __mmask32 m = n - k >= 32 ? 0xFFFFFFFFu : (__mmask32)((1u << (n - k)) - 1);
-                    __m512bh x0 = (__m512bh)_mm512_loadu_si512(xb + k);
-                    for (int r = 0; r < ROWS_BIG; r++) {
-                        PREFETCH_AT(w + (size_t)r * n + k, AHEAD_BF16);
-                        a[r] = _mm512_dpbf16_ps(a[r], (__m512bh)_mm512_maskz_loadu_epi16(m, w + (size_t)r * n + k), x0);
-                    }
-                }
-                for (int r = 0; r < ROWS_BIG; r++) y[i + r] = _mm512_reduce_add_ps(a[r]);
-            }
-        for (; i < nr; i++) {
+        /* One row at a time, also the wide ones (o_proj's 16384 columns, the dense down
+         * projection's 12288), whose x (24-32 KB in bf16) no longer stays in L1 beside the
+         * weight stream: on earlier hosts two or four rows per pass (each x line loaded
+         * once for all of them) were up to 1.25x faster there; on the 2026-12-04 host one
+         * row without software prefetch beat two with it by 14-25% (README, Speed). */
+        for (int i = 0; i < nr; i++) {
             const uint16_t *w = (const uint16_t *)W->w + (size_t)(r0 + i) * n;
             __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
             int k = 0;

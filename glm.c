@@ -1455,6 +1455,11 @@ static void runstate_init(RunState *s, const Config *c, int cap, int ctx) {
     }
 }
 
+/* This thread's part of s->scores: [ATTN_HEAD_BLOCK][PROBS_STRIDE(ctx)] floats. */
+static float *thread_scores(const RunState *s, int ctx) {
+    return s->scores + (size_t)thread_id() * ATTN_HEAD_BLOCK * PROBS_STRIDE(ctx);
+}
+
 static void runstate_free(RunState *s) {
     void *all[] = {s->x, s->a, s->cq, s->q, s->ckv, s->q_abs, s->o_lat, s->o_heads, s->out, s->scores,
                    s->ix_q, s->ix_k, s->ix_w, s->heap, s->sel, s->n_sel, s->router, s->ex_idx, s->ex_w,
@@ -1559,12 +1564,11 @@ static float index_score(const float *q, const float *w, const float *k, int IH,
     return sum;
 }
 
-/* Token t of the chunk (visible keys 0..visible-1): index scores of every visible
- * key, the top index_topk into s->sel. by_key: the keys split across threads. */
-static void index_token(const Model *m, const Layer *L, const KVCache *kv, RunState *s, int t, int visible, int by_key) {
-    const Config *c = &m->cfg;
+/* Token t of the chunk (visible keys 0..visible-1 of the layer's indexer-key cache):
+ * index scores of every visible key, the top index_topk into s->sel. by_key: the keys
+ * split across threads. */
+static void index_token(const Config *c, const float *cache, int ctx, RunState *s, int t, int visible, int by_key) {
     const int IH = c->index_n_heads, ID = c->index_head_dim, K = c->index_topk;
-    const float *cache = kv->index_k + (size_t)L->index_slot * kv->ctx * ID;
     const int ix_gemm = kernels.gemm_panel && kernels.pack_panel && IH <= 32 && ID % 16 == 0 && (size_t)ID * 64 + 256 * 32 <= g_panel_stride;
     int *sel = s->sel + (size_t)t * K;
     if (visible <= K) { /* every visible key is kept: attention is dense causal */
@@ -1572,7 +1576,7 @@ static void index_token(const Model *m, const Layer *L, const KVCache *kv, RunSt
         s->n_sel[t] = visible;
         return;
     }
-    float *score = s->scores + (size_t)thread_id() * ATTN_HEAD_BLOCK * PROBS_STRIDE(kv->ctx);
+    float *score = thread_scores(s, ctx);
     const float *q = s->ix_q + (size_t)t * IH * ID, *w = s->ix_w + (size_t)t * IH;
     if (ix_gemm) { /* keys x heads dot products as a GEMM: the keys are the "tokens", the
                     * heads the rows of a panel of q transposed; 256 keys at a time */
@@ -1625,10 +1629,10 @@ static void indexer_select(const Model *m, const Layer *L, KVCache *kv, RunState
      * parallel region of its own (not nested in an idle one: a nested team on this
      * 2-core VM waited for the outer team's spinning threads, and two threads scanned
      * 4096 keys slower than one, 2.5 vs 1.6 ms) */
-    if (n == 1) index_token(m, L, kv, s, 0, pos0 + 1, 1);
+    if (n == 1) index_token(c, cache, kv->ctx, s, 0, pos0 + 1, 1);
     else {
 #pragma omp parallel for schedule(dynamic, 1)
-        for (int t = 0; t < n; t++) index_token(m, L, kv, s, t, pos0 + t + 1, 0);
+        for (int t = 0; t < n; t++) index_token(c, cache, kv->ctx, s, t, pos0 + t + 1, 0);
     }
     g_bytes_read += (double)n * (pos0 + n) * ID * sizeof(float);
     g_flops += 2.0 * n * (pos0 + n) * IH * ID;
@@ -1740,7 +1744,7 @@ static void mla_attend_absorbed(const Model *m, const Layer *L, const KVCache *k
             const int h0 = hb * HB, nh = NH - h0 < HB ? NH - h0 : HB;
             const int *sel = s->sel + (size_t)t * K, ns = s->n_sel[t];
             const size_t lds = PROBS_STRIDE(ns);
-            float *score = s->scores + (size_t)thread_id() * HB * PROBS_STRIDE(kv->ctx); /* [nh][lds] */
+            float *score = thread_scores(s, kv->ctx); /* [nh][lds] */
             const float *qa = s->q_abs + ((size_t)t * NH + h0) * AD;
             float *o = s->o_lat + ((size_t)t * NH + h0) * KR;
             memset(o, 0, (size_t)nh * KR * sizeof(float));

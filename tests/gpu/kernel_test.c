@@ -349,7 +349,7 @@ static void test_blocks(const char *dir) {
             }
             fill_n(a, (size_t)n * H, 1.0f);
             memcpy(s.a, a, (size_t)n * H * 4);
-            if (c->dense[l]) swiglu(s.out, s.a, &L->gate, &L->up, &L->down, s.h1, s.h2, n);
+            if (c->dense[l]) swiglu(s.out, s.a, &L->gate, &L->up, &L->down, s.h1, s.h2, n, s.pool_xs);
             else moe(&m, L, &s, s.a, s.out, n);
             gpuk_mlp(g, l, a, n, out);
             e = rel_rows(s.out, out, n, H);

@@ -152,13 +152,17 @@ AVX512 static void axpy_f32_avx512(float *y, float a, const float *x, int n) {
 #define AHEAD_MXFP4 8192
 #endif
 /* Besides, every decode row asks for one line 64 KB ahead of itself (AHEAD_FAR), whatever
- * its format: the first touch of each 2 MB page then comes ~1.5 us before the stream
- * gets there, so (we think: this VM exposes no TLB counters) its nested page walk is done
- * by then instead of stalling the loads that reach the page. In glm bench, the two builds
- * alternating in 6 rounds, decode went from 0.875 to 0.951 of the read bandwidth (geo
- * means; faster in every round, by 2-11%) when the read gave 57-71 GB/s; when it gave
- * 80-84, 16 KB to 256 KB ahead all gave 0.78-0.82. A streaming read gained nothing
- * from the same line (microbenchmark, 1 GB). */
+ * its format, and BF16 rows (which have no per-line prefetch) once more for every further
+ * 4 KB of the row. The hardware prefetcher works on physical addresses and stops at each
+ * 4 KB page; a load 64 KB ahead starts that page's stream early (and any page walk it
+ * needs; this VM exposes no TLB counters to tell which). In glm bench, the builds
+ * alternating: one far line per row took decode from 0.875 to 0.951 of the read bandwidth
+ * (6 rounds, read 57-71 GB/s); one per 4 KB page of the BF16 rows then took it from 0.970
+ * to 1.040 (8 rounds, read 47-56 GB/s, decode 47.9 -> 52.9 GB/s) and, on one thread,
+ * where a core's own stream is the limit as on two when memory is fast, from 0.853 to
+ * 0.978 (BF16 rows of 12-32 KB: 24-28 -> 32-37 GB/s). FP8 and MXFP4 rows already touch
+ * each page 8 KB ahead with their per-line prefetch; a far line per page there too was
+ * slower (0.83 vs 0.87 on one thread, 4 rounds). README, Speed. */
 #ifndef AHEAD_FAR
 #define AHEAD_FAR 65536
 #endif
@@ -693,6 +697,7 @@ BF16 static void matvec_bf16_avx512(const Mat *W, int r0, int nr, const float *x
             __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
             int k = 0;
             for (; k + 128 <= n; k += 128) { /* 256 bytes */
+                if ((k & 2047) == 0 && k) PREFETCH_AT(w + k, AHEAD_FAR); /* each further 4 KB page of the row */
                 PREFETCH_AT(w + k, AHEAD_BF16); PREFETCH_AT(w + k + 32, AHEAD_BF16); PREFETCH_AT(w + k + 64, AHEAD_BF16); PREFETCH_AT(w + k + 96, AHEAD_BF16);
                 a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_loadu_si512(w + k), (__m512bh)_mm512_loadu_si512(xb + k));
                 a1 = _mm512_dpbf16_ps(a1, (__m512bh)_mm512_loadu_si512(w + k + 32), (__m512bh)_mm512_loadu_si512(xb + k + 32));

@@ -152,8 +152,8 @@ AVX512 static void axpy_f32_avx512(float *y, float a, const float *x, int n) {
 #define AHEAD_MXFP4 8192
 #endif
 /* Besides, every decode row asks for one line 64 KB ahead of itself (AHEAD_FAR), whatever
- * its format, and BF16 rows (which have no per-line prefetch) once more for every further
- * 4 KB of the row. The hardware prefetcher works on physical addresses and stops at each
+ * its format; BF16 rows (which have no per-line prefetch) ask at every 4 KB of the row,
+ * its start included. The hardware prefetcher works on physical addresses and stops at each
  * 4 KB page; a load 64 KB ahead starts that page's stream early (and any page walk it
  * needs; this VM exposes no TLB counters to tell which). In glm bench, the builds
  * alternating: one far line per row took decode from 0.875 to 0.951 of the read bandwidth
@@ -693,11 +693,10 @@ BF16 static void matvec_bf16_avx512(const Mat *W, int r0, int nr, const float *x
          * row without software prefetch beat two with it by 14-25% (README, Speed). */
         for (int i = 0; i < nr; i++) {
             const uint16_t *w = (const uint16_t *)W->w + (size_t)(r0 + i) * n;
-            PREFETCH_AT(w, AHEAD_FAR);
             __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
             int k = 0;
             for (; k + 128 <= n; k += 128) { /* 256 bytes */
-                if ((k & 2047) == 0 && k) PREFETCH_AT(w + k, AHEAD_FAR); /* each further 4 KB page of the row */
+                if (k % 2048 == 0) PREFETCH_AT(w + k, AHEAD_FAR); /* each 4 KB page of the row, its start included */
                 PREFETCH_AT(w + k, AHEAD_BF16); PREFETCH_AT(w + k + 32, AHEAD_BF16); PREFETCH_AT(w + k + 64, AHEAD_BF16); PREFETCH_AT(w + k + 96, AHEAD_BF16);
                 a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_loadu_si512(w + k), (__m512bh)_mm512_loadu_si512(xb + k));
                 a1 = _mm512_dpbf16_ps(a1, (__m512bh)_mm512_loadu_si512(w + k + 32), (__m512bh)_mm512_loadu_si512(xb + k + 32));

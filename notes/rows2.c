@@ -1,4 +1,6 @@
-// T threads, each its own contiguous slice: streaming read vs the same with far prefetches, vs row loops
+// OMP_NUM_THREADS threads, each its own contiguous slice of 1 GiB: a streaming read vs the same with one
+// prefetch FAR bytes ahead every EVERY bytes, alternating. Usage: rows2 ROUNDS [FAR [EVERY]]
+// Build: gcc -O2 -fopenmp -o rows2 rows2.c
 #include <immintrin.h>
 #include <omp.h>
 #include <stdint.h>
@@ -25,12 +27,11 @@ int main(int argc,char**argv){
   size_t n=1ul<<30; uint8_t*r=mmap(NULL,n+(2<<20)+(1<<20),PROT_READ|PROT_WRITE,MAP_PRIVATE|MAP_ANONYMOUS,-1,0);
   uint8_t*buf=(uint8_t*)(((uintptr_t)r+(2<<20)-1)&~(uintptr_t)((2<<20)-1)); madvise(buf,n+(1<<20),MADV_HUGEPAGE); memset(buf,1,n+(1<<20));
   int rounds=atoi(argv[1]); if(argc>2)FAR=atol(argv[2]); if(argc>3)EVERY=atol(argv[3]);
-  double gs=1,gp=1; int m=0;
   for(int R=0;R<rounds;R++){ double t[2];
     for(int v0=0;v0<2;v0++){ int v=(v0+R)%2; unsigned long long sink=0; double t0=now_s();
 #pragma omp parallel reduction(+:sink)
       {size_t nt=omp_get_num_threads(),id=omp_get_thread_num();size_t per=(n/256+nt-1)/nt*256,lo=id*per,hi=lo+per<n?lo+per:n; sink+= v?stream_pf(buf,lo,hi):stream(buf,lo,hi);}
       t[v]=now_s()-t0; if(sink==42)puts("");}
-    printf("stream %.1f GB/s  stream+far %.1f GB/s  ratio %.3f\n", n/t[0]/1e9, n/t[1]/1e9, t[0]/t[1]); gs*=t[0]; gp*=t[1]; m++;
+    printf("stream %.1f GB/s  stream+far %.1f GB/s  ratio %.3f\n", n/t[0]/1e9, n/t[1]/1e9, t[0]/t[1]);
   }
 }

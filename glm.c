@@ -2753,12 +2753,12 @@ static int cmd_bench(int argc, char **argv) {
     double tpsL = timed_decode(&S, N, buf, buf_n, &bwL, &bytesL);
     double decode_bw_ratio = bytes0 * tps0 / bw0, long_bw_ratio = bytesL * tpsL / bwL;
 
-    if (json) {
+    if (json) { /* ratios to 4 significant digits: a tiny test model's are ~1e-4, not 0.000 */
         printf("{\"model\": \"%s\", \"threads\": %d, \"kernels\": \"%s\", \"read_bw_gbs\": %.2f, \"fma_peak_gflops\": %.1f, "
-               "\"prefill_tokens\": %d, \"precision\": \"%s\", \"prefill_tps\": %.2f, \"prefill_gflops\": %.1f, \"prefill_peak_ratio\": %.3f, "
-               "\"decode_tps_ctx0\": %.3f, \"decode_bytes_per_token\": %.0f, \"decode_gbs\": %.2f, \"decode_bw_ratio\": %.3f, "
-               "\"weights_read_gbs\": %.2f, \"decode_weights_bw_ratio\": %.3f, "
-               "\"long_ctx\": %d, \"decode_tps_long\": %.3f, \"decode_long_bw_ratio\": %.3f, \"read_bw_long_gbs\": %.2f, \"huge_page_fraction\": %.3f}\n",
+               "\"prefill_tokens\": %d, \"precision\": \"%s\", \"prefill_tps\": %.2f, \"prefill_gflops\": %.1f, \"prefill_peak_ratio\": %.4g, "
+               "\"decode_tps_ctx0\": %.3f, \"decode_bytes_per_token\": %.0f, \"decode_gbs\": %.2f, \"decode_bw_ratio\": %.4g, "
+               "\"weights_read_gbs\": %.2f, \"decode_weights_bw_ratio\": %.4g, "
+               "\"long_ctx\": %d, \"decode_tps_long\": %.3f, \"decode_long_bw_ratio\": %.4g, \"read_bw_long_gbs\": %.2f, \"huge_page_fraction\": %.3f}\n",
                a.model_dir, g_threads, kernels.name, bw0 / 1e9, peak / 1e9, P, product_precision(), P / t_prefill, prefill_flops / 1e9, prefill_flops / peak,
                tps0, bytes0, bytes0 * tps0 / 1e9, decode_bw_ratio, wbw / 1e9, bytes0 * tps0 / wbw, L, tpsL, long_bw_ratio, bwL / 1e9, huge);
     } else {

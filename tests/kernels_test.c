@@ -60,10 +60,10 @@ static int test_set(const char *want) {
     const char *names[] = {"F32", "BF16", "FP8", "MXFP4"};
     const int rows_list[] = {1, 3, 4, 5, 9, 130};
     const int cols_any[] = {1, 7, 16, 17, 31, 100, 128, 129, 300, 1000, 384, 6144, 8225, 16384}; /* wide rows: x no longer fits L1 beside the stream */
-    const int cols_32[] = {32, 64, 96, 160, 288, 1024};
+    const int cols_32[] = {32, 64, 96, 160, 288, 544, 1024, 2080};
     for (int f = 0; f < 4; f++) {
         const int *cl = f == WF_MXFP4 ? cols_32 : cols_any;
-        int ncl = f == WF_MXFP4 ? 6 : 14;
+        int ncl = f == WF_MXFP4 ? 8 : 14;
         for (int ri = 0; ri < 6; ri++)
             for (int ci = 0; ci < ncl; ci++) {
                 int rows = rows_list[ri], cols = cl[ci];

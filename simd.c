@@ -670,8 +670,9 @@ BF16 static void gemm_rows_bf16_avx512(const Mat *W, int r0, int nr, const uint1
  *          even bytes, the words shifted by 4, 8 and 12 the other three nibbles. Word j
  *          of lookup v is column 4j + v, so lane l of the sums holds block l/4, scaled
  *          by its 2^(s-127). Four lookups and three shifts per 64 bytes, where two
- *          16-byte vpshufb tables and unpacking took eight shuffles (+10% from memory:
- *          shifts, lookups and vdpbf16ps share two pipes on the CPU measured).
+ *          16-byte vpshufb tables and unpacking took eight shuffles (+10% from memory;
+ *          on the Zen 5 measured, shifts and lookups each run 2 per cycle, and mixed
+ *          with vdpbf16ps ~3 per cycle in all: notes/speed.md, eighth session).
  */
 
 /* xb[0..np) = bf16(xs[0..np)), np a multiple of 16 */

@@ -17,6 +17,8 @@
 #include <time.h>
 #include <omp.h>
 #define BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16"),noinline))
+/* simd.c's prefetch distances and round_x_bf16 are private to it: copied here, so keep
+ * them equal to simd.c's when re-measuring, or the variants are not compared like for like */
 #ifndef AHEAD_FP8
 #define AHEAD_FP8 8192
 #endif

@@ -63,8 +63,8 @@ static int test_set(const char *want) {
     const int cols_32[] = {32, 64, 96, 160, 288, 544, 1024, 2080};
     for (int f = 0; f < 4; f++) {
         const int *cl = f == WF_MXFP4 ? cols_32 : cols_any;
-        int ncl = f == WF_MXFP4 ? 8 : 14;
-        for (int ri = 0; ri < 6; ri++)
+        int ncl = f == WF_MXFP4 ? (int)(sizeof cols_32 / sizeof *cols_32) : (int)(sizeof cols_any / sizeof *cols_any);
+        for (int ri = 0; ri < (int)(sizeof rows_list / sizeof *rows_list); ri++)
             for (int ci = 0; ci < ncl; ci++) {
                 int rows = rows_list[ri], cols = cl[ci];
                 void *w = NULL, *sc = NULL;

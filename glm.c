@@ -2669,26 +2669,28 @@ static double weights_bandwidth(const Checkpoint *ck) {
     return secs > 0 ? bytes / secs : 0;
 }
 
-/* Decodes n tokens from the current cache position; returns tokens/s and adds the
- * bytes read to *bytes. The read bandwidth is measured just before each token and
- * after the last, and averaged: on a shared VM it swings by 1.5x within seconds, so one
- * measurement before and one after a 3-second decode can miss what the decode saw.
- * Only the tokens are timed. */
-static double timed_decode(Session *S, int n, const uint8_t *buf, size_t buf_n, double *bw_mean, double *bytes) {
-    const int V = S->model.cfg.vocab_size;
-    int tok = 1;
-    double bw_sum = 0, dt = 0;
+/* One decode being timed, a token at a time (glm bench). */
+typedef struct {
+    KVCache *kv;   /* its cache: empty (context 0), or filled by a long prompt */
+    int tok;       /* the next input token: greedy, the last output */
+    int n;         /* tokens decoded so far */
+    double secs;   /* time spent in them (only the tokens are timed) */
+    double bw_sum; /* bytes/s of the streaming reads taken just before each */
+    double bytes;  /* weight and cache bytes they read */
+} TimedDecode;
+
+/* Decodes one token of d, after measuring the read bandwidth: on a shared VM it swings
+ * by 1.5x within seconds, so one measurement before and one after a 3-second decode can
+ * miss what the decode saw; one before every token cannot. */
+static void timed_decode_token(Session *S, TimedDecode *d, const uint8_t *buf, size_t buf_n) {
+    d->bw_sum += best_bandwidth(buf, buf_n);
     g_bytes_read = 0;
-    for (int i = 0; i < n; i++) {
-        bw_sum += best_bandwidth(buf, buf_n);
-        double t0 = now_s();
-        forward(&S->model, &S->kv, &S->state, &tok, 1, S->state.logits, 0);
-        tok = argmax(S->state.logits, V);
-        dt += now_s() - t0;
-    }
-    *bytes = g_bytes_read / n;
-    *bw_mean = (bw_sum + best_bandwidth(buf, buf_n)) / (n + 1);
-    return n / dt;
+    double t0 = now_s();
+    forward(&S->model, d->kv, &S->state, &d->tok, 1, S->state.logits, 0);
+    d->tok = argmax(S->state.logits, S->model.cfg.vocab_size);
+    d->secs += now_s() - t0;
+    d->bytes += g_bytes_read;
+    d->n++;
 }
 
 static int cmd_bench(int argc, char **argv) {
@@ -2742,16 +2744,38 @@ static int cmd_bench(int argc, char **argv) {
     double t_prefill = now_s() - t0, prefill_flops = g_flops / t_prefill;
     peak = 0.5 * (peak + kernels.fma_peak()); /* like the bandwidth: measured just before and after */
 
-    /* decode at context 0, then after a long context (the cache filled by a prefill) */
-    double bw0, bytes0, bwL, bytesL;
+    /* decode at context 0 and after a long context (a cache filled by a prefill), a token
+     * of each in turn: both see the same moments of the host, so the slowdown between
+     * them is the code's. Run one after the other, a fall of the host's read between
+     * them (62.8 to 28.2 GB/s seen here) showed as a 2x slowdown. The GPU keeps one cache
+     * on the device, so there they still run one after the other. */
+    int interleave = 1;
+#ifdef GLM_GPU
+    interleave = !g_gpu;
+#endif
+    KVCache near; /* context 0 when interleaved: a cache of its own, N + 1 tokens */
+    kvcache_init(&near, &S.model, N + 1);
+    TimedDecode d0 = {.kv = interleave ? &near : &S.kv, .tok = 1}, dL = {.kv = &S.kv, .tok = 1};
     S.kv.pos = 0;
+    if (interleave) forward(&S.model, &S.kv, &S.state, ids, L, NULL, 0); /* dL's long context */
     double wbw = weights_bandwidth(&S.model.ck);
-    double tps0 = timed_decode(&S, N, buf, buf_n, &bw0, &bytes0);
+    for (int i = 0; i < N; i++) {
+        timed_decode_token(&S, &d0, buf, buf_n);
+        if (interleave) timed_decode_token(&S, &dL, buf, buf_n);
+    }
+    double bw_end0 = best_bandwidth(buf, buf_n), bw_endL = bw_end0; /* after the last token */
     wbw = 0.5 * (wbw + weights_bandwidth(&S.model.ck));
-    S.kv.pos = 0;
-    forward(&S.model, &S.kv, &S.state, ids, L, NULL, 0);
-    double tpsL = timed_decode(&S, N, buf, buf_n, &bwL, &bytesL);
-    double decode_bw_ratio = bytes0 * tps0 / bw0, long_bw_ratio = bytesL * tpsL / bwL;
+    if (!interleave) {
+        S.kv.pos = 0;
+        forward(&S.model, &S.kv, &S.state, ids, L, NULL, 0);
+        for (int i = 0; i < N; i++) timed_decode_token(&S, &dL, buf, buf_n);
+        bw_endL = best_bandwidth(buf, buf_n);
+    }
+    /* each decode's read bandwidth: the reads before its tokens and one after the last */
+    const double bw0 = (d0.bw_sum + bw_end0) / (N + 1), bwL = (dL.bw_sum + bw_endL) / (N + 1);
+    const double tps0 = N / d0.secs, tpsL = N / dL.secs, bytes0 = d0.bytes / N, bytesL = dL.bytes / N;
+    const double decode_bw_ratio = bytes0 * tps0 / bw0, long_bw_ratio = bytesL * tpsL / bwL;
+    kvcache_free(&near);
 
     if (json) { /* ratios to 4 significant digits: a tiny test model's are ~1e-4, not 0.000 */
         printf("{\"model\": \"%s\", \"threads\": %d, \"kernels\": \"%s\", \"read_bw_gbs\": %.2f, \"fma_peak_gflops\": %.1f, "

@@ -464,6 +464,12 @@ def t_bench_json(extra):
               "decode_bytes_per_token", "decode_bw_ratio", "decode_tps_long", "decode_long_bw_ratio"):
         check(k in r and isinstance(r[k], (int, float)) and math.isfinite(r[k]) and r[k] > 0, "bench: %s = %r" % (k, r.get(k)))
     check(r.get("precision") == os.environ.get("GLM_PRECISION", "fp32"), "bench precision %r" % r.get("precision"))
+    # the read's mean over its passes can be no faster than its fastest pass, so decode's
+    # ratio to the fastest passes is the smaller one (both printed to 4 digits)
+    best = r.get("read_bw_best_gbs")
+    check(isinstance(best, (int, float)) and best >= r["read_bw_gbs"] * (1 - 1e-3), "read_bw_best_gbs %r < read_bw_gbs %r" % (best, r["read_bw_gbs"]))
+    bb = r.get("decode_best_bw_ratio")
+    check(isinstance(bb, (int, float)) and 0 < bb <= r["decode_bw_ratio"] * (1 + 1e-3), "decode_best_bw_ratio %r vs decode_bw_ratio %r" % (bb, r["decode_bw_ratio"]))
     hp = r.get("huge_page_fraction")
     check(hp == -1 or 0 <= hp <= 1, "huge_page_fraction %r" % hp)
     cfg = c["cfg"]

@@ -166,6 +166,10 @@ AVX512 static void axpy_f32_avx512(float *y, float a, const float *x, int n) {
 #ifndef AHEAD_FAR
 #define AHEAD_FAR 65536
 #endif
+/* The bandwidth measurement's runs: 8 MB, the longest of decode's runs (RUN_MAX in glm.c) */
+#ifndef READ_RUN
+#define READ_RUN ((size_t)8 << 20)
+#endif
 
 /* FP8 for decode, 16 bytes at a time with in-lane shuffles only: the 16 bytes are copied to
  * each 128-bit lane, vpshufb puts byte i at the top of 32-bit lane i (zeros below), an
@@ -339,18 +343,18 @@ AVX512 static unsigned long long read_slice_avx512(const uint8_t *buf, size_t lo
     return sum;
 }
 
-/* Bytes/s of a streaming read of buf[0..n) (n a multiple of 256, buf 64-byte aligned) by all threads. */
+/* Bytes/s of a streaming read of buf[0..n) (n a multiple of 256, buf 64-byte aligned) by
+ * all threads, in runs of READ_RUN bytes handed out as threads free up, as decode hands
+ * out its rows: with fixed halves a thread the host pauses leaves the other idle at the
+ * end, and the read would then measure the pause rather than the memory. */
 static double read_bandwidth_avx512(const uint8_t *buf, size_t n) {
     double t0 = now_s();
     unsigned long long sink = 0;
-#pragma omp parallel reduction(+ : sink)
-    {
-        size_t nt = 1, id = 0;
-#ifdef _OPENMP
-        nt = (size_t)omp_get_num_threads(); id = (size_t)omp_get_thread_num();
-#endif
-        size_t per = (n / 256 + nt - 1) / nt * 256, lo = id * per, hi = lo + per < n ? lo + per : n;
-        if (lo < hi) sink += read_slice_avx512(buf, lo, hi);
+    const long runs = (long)((n + READ_RUN - 1) / READ_RUN);
+#pragma omp parallel for reduction(+ : sink) schedule(dynamic, 1)
+    for (long r = 0; r < runs; r++) {
+        size_t lo = (size_t)r * READ_RUN, hi = lo + READ_RUN < n ? lo + READ_RUN : n;
+        sink += read_slice_avx512(buf, lo, hi);
     }
     double dt = now_s() - t0;
     return sink == 42 ? 0.0 : (double)n / dt; /* sink keeps the loads alive */
@@ -928,7 +932,7 @@ static int cpu_has_avx512(void) {
 static double read_bandwidth_plain(const uint8_t *buf, size_t n) {
     double t0 = now_s();
     uint64_t sink = 0;
-#pragma omp parallel for reduction(+ : sink) schedule(static)
+#pragma omp parallel for reduction(+ : sink) schedule(dynamic, READ_RUN / 64)
     for (size_t i = 0; i < n; i += 64) {
         uint64_t v[8];
         memcpy(v, buf + i, 64);

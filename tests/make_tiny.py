@@ -28,7 +28,6 @@ import json
 import math
 import os
 import struct
-import sys
 
 import numpy as np
 

@@ -38,7 +38,6 @@ import struct
 import subprocess
 import sys
 import time
-import traceback
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -46,6 +45,7 @@ sys.path.insert(0, HERE)
 import numpy as np  # noqa: E402
 
 import quark_ref  # noqa: E402
+from harness import SANITIZER_MARKS, Fail, Skip, check, parse_args, summary, test  # noqa: E402
 import ref  # noqa: E402
 
 GLM = os.environ.get("GLM", "./glm")
@@ -53,50 +53,10 @@ OUT = os.environ.get("TEST_OUT", os.path.join(HERE, "out", "convert-" + os.path.
 PY = "/usr/bin/python3"
 IDS = [1, 7, 42, 99, 3, 250, 17, 400, 5, 63, 128, 77, 300, 11, 2, 511]
 TOL = 1e-4
-SANITIZER_MARKS = ("AddressSanitizer", "LeakSanitizer", "UndefinedBehaviorSanitizer",
-                   "runtime error:", "ThreadSanitizer", "MemorySanitizer")
 EXTRA_FILES = {"tokenizer.json": b'{"model": {"type": "BPE"}}\n',
                "tokenizer_config.json": b'{"eos_token": "<|endoftext|>"}\n',
                "generation_config.json": b'{"top_p": 0.95}\n',
                "chat_template.jinja": b"{{ messages }}\n"}
-
-results = []
-FILTER = None
-
-
-class Fail(Exception):
-    pass
-
-
-class Skip(Exception):
-    pass
-
-
-def check(cond, msg):
-    if not cond:
-        raise Fail(msg)
-
-
-def test(name, fn, *args):
-    if FILTER and FILTER not in name:
-        return
-    t0 = time.time()
-    try:
-        note = fn(*args)
-        line = "PASS %s" % name + ("  (%s)" % note if note else "")
-        results.append(True)
-    except Skip as e:
-        line = "SKIP %s: %s" % (name, e)
-    except Fail as e:
-        line = "FAIL %s: %s" % (name, str(e).replace("\n", " | "))
-        results.append(False)
-    except Exception as e:  # a bug in the test itself or an unexpected condition
-        tb = traceback.extract_tb(e.__traceback__)[-1]
-        line = "FAIL %s: %s: %s (%s:%d)" % (name, type(e).__name__, str(e).replace("\n", " | "),
-                                          os.path.basename(tb.filename), tb.lineno)
-        results.append(False)
-    dt = time.time() - t0
-    print(line + ("" if dt < 2 else "  [%.1fs]" % dt), flush=True)
 
 
 # --------------------------------------------------------------------------------------
@@ -716,12 +676,7 @@ def t_quark_ref_selftest():
 
 
 def main():
-    global FILTER
-    args = sys.argv[1:]
-    if args[:1] == ["-k"] and len(args) > 1:
-        FILTER = args[1]
-    elif args:
-        print("usage: test_convert.py [-k SUBSTRING]", file=sys.stderr)
+    if parse_args("test_convert.py"):
         return 2
     if os.path.exists(OUT):
         shutil.rmtree(OUT)
@@ -753,11 +708,7 @@ def main():
     test("disk_full", t_disk_full)
     test("write_fails_midway", t_write_fails_midway)
     test("interrupted_leaves_nothing", t_interrupted)
-    n_pass = sum(results)
-    n_fail = len(results) - n_pass
-    print("test_convert: %.1f s" % (time.time() - t0))
-    print("%d passed, %d failed" % (n_pass, n_fail))
-    return 1 if n_fail else 0
+    return summary("test_convert", t0)
 
 
 if __name__ == "__main__":

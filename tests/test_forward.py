@@ -28,6 +28,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import numpy as np  # noqa: E402
 
 import make_tiny  # noqa: E402
+from harness import SANITIZER_MARKS, Fail, check, parse_args, summary, test  # noqa: E402
 import ref  # noqa: E402
 
 GLM = os.environ.get("GLM", "./glm")
@@ -60,41 +61,6 @@ TOL_REF = 1e-4      # glm vs reference, relative L2 per position
 TOL_DECODE = 1e-5   # prefill vs --decode
 GAP_TOL = 2e-5      # reject inputs whose discrete decisions are this close to a tie
 ARGMAX_GAP = 1e-3   # reject inputs whose top-1/top-2 logit gap is smaller
-
-SANITIZER_MARKS = ("AddressSanitizer", "LeakSanitizer", "UndefinedBehaviorSanitizer",
-                   "runtime error:", "ThreadSanitizer", "MemorySanitizer")
-
-results = []
-FILTER = None
-
-
-class Fail(Exception):
-    pass
-
-
-def check(cond, msg):
-    if not cond:
-        raise Fail(msg)
-
-
-def test(name, fn, *args):
-    if FILTER and FILTER not in name:
-        return
-    t0 = time.time()
-    try:
-        note = fn(*args)
-        line = "PASS %s" % name + ("  (%s)" % note if note else "")
-        results.append(True)
-    except Fail as e:
-        line = "FAIL %s: %s" % (name, str(e).replace("\n", " | "))
-        results.append(False)
-    except Exception as e:  # a bug in the test itself or an unexpected condition
-        tb = traceback.extract_tb(e.__traceback__)[-1]
-        line = "FAIL %s: %s: %s (%s:%d)" % (name, type(e).__name__, str(e).replace("\n", " | "),
-                                          os.path.basename(tb.filename), tb.lineno)
-        results.append(False)
-    dt = time.time() - t0
-    print(line + ("" if dt < 2 else "  [%.1fs]" % dt), flush=True)
 
 
 def rel_rows(a, b):
@@ -811,12 +777,7 @@ def t_broken(name, v, builder, cli):
 # --------------------------------------------------------------------------------------
 
 def main():
-    global FILTER
-    args = sys.argv[1:]
-    if args[:1] == ["-k"] and len(args) > 1:
-        FILTER = args[1]
-    elif args:
-        print("usage: test_forward.py [-k SUBSTRING]", file=sys.stderr)
+    if parse_args("test_forward.py"):
         return 2
     t0 = time.time()
     try:
@@ -859,11 +820,7 @@ def main():
     for name, v, builder, cli in BROKEN:
         test("broken_%s" % name, t_broken, name, v, builder, cli)
 
-    npass = sum(results)
-    nfail = len(results) - npass
-    print("# %.1fs" % (time.time() - t0))
-    print("%d passed, %d failed" % (npass, nfail))
-    return 1 if nfail else 0
+    return summary("# test_forward", t0)
 
 
 if __name__ == "__main__":

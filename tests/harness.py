@@ -12,7 +12,7 @@ SANITIZER_MARKS = ("AddressSanitizer", "LeakSanitizer", "UndefinedBehaviorSaniti
                    "runtime error:", "ThreadSanitizer", "MemorySanitizer")
 
 results = []  # True / False per test run (skips are not counted)
-_only = [None]  # -k SUBSTRING
+only = None  # -k SUBSTRING: run only the tests whose name holds it
 
 
 class Fail(Exception):
@@ -30,9 +30,10 @@ def check(cond, msg):
 
 def parse_args(prog):
     """Reads -k SUBSTRING; returns 0, or 2 after a usage line for anything else."""
+    global only
     args = sys.argv[1:]
     if args[:1] == ["-k"] and len(args) > 1:
-        _only[0] = args[1]
+        only = args[1]
         return 0
     if args:
         print("usage: %s [-k SUBSTRING]" % prog, file=sys.stderr)
@@ -41,7 +42,7 @@ def parse_args(prog):
 
 
 def test(name, fn, *args):
-    if _only[0] and _only[0] not in name:
+    if only and only not in name:
         return
     t0 = time.time()
     try:

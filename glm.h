@@ -209,6 +209,13 @@ void gpu_free(GpuModel *g);
 
 /* SIMD kernels (simd.c), chosen at run time; a NULL entry means the plain C loop
  * in glm.c, which is the reference every kernel is tested against. */
+/* One stretch of memory for glm bench's streaming read: p 64-byte aligned, n a multiple
+ * of 256. The threads take the runs in turn as they free up, as decode takes its rows. */
+typedef struct {
+    const uint8_t *p;
+    size_t n;
+} ReadRun;
+
 typedef struct {
     const char *name;
     /* y[i] = W[r0+i]·x for i < nr; x_split: x as matvec_split_x orders it for W */
@@ -244,7 +251,7 @@ typedef struct {
     float (*dot)(const float *a, const float *b, int n);
     void (*axpy)(float *y, float a, const float *x, int n);   /* y += a·x */
     /* machine measurements for glm bench (never NULL) */
-    double (*read_bandwidth)(const uint8_t *buf, size_t n);   /* bytes/s, all threads */
+    double (*read_bandwidth)(const ReadRun *runs, int n_runs); /* bytes/s, all threads */
     double (*fma_peak)(void);                                  /* fp32 FLOP/s, all threads */
 } Kernels;
 extern Kernels kernels;

@@ -166,11 +166,6 @@ AVX512 static void axpy_f32_avx512(float *y, float a, const float *x, int n) {
 #ifndef AHEAD_FAR
 #define AHEAD_FAR 65536
 #endif
-/* The bandwidth measurement's runs: 8 MB, the longest of decode's runs (RUN_MAX in glm.c) */
-#ifndef READ_RUN
-#define READ_RUN ((size_t)8 << 20)
-#endif
-
 /* FP8 for decode, 16 bytes at a time with in-lane shuffles only: the 16 bytes are copied to
  * each 128-bit lane, vpshufb puts byte i at the top of 32-bit lane i (zeros below), an
  * arithmetic shift by 4 moves the 7 magnitude bits to 26..20 and the sign copies over
@@ -325,12 +320,12 @@ AVX512 static void dequant_range_avx512(const Mat *W, int r, int k0, int kc, flo
 /* out[0..cols) = row r of W as floats. */
 AVX512 static void dequant_row_avx512(const Mat *W, int r, float *out) { dequant_range_avx512(W, r, 0, W->cols, out); }
 
-/* Streaming read of buf[lo..hi) (one thread's slice of the bandwidth measurement). The
- * parallel regions live in functions without a target attribute: clang does not carry
- * the attribute into OpenMP's outlined functions. */
-AVX512 static unsigned long long read_slice_avx512(const uint8_t *buf, size_t lo, size_t hi) {
+/* Streaming read of buf[0..n) (one run of the bandwidth measurement). The parallel
+ * regions live in functions without a target attribute: clang does not carry the
+ * attribute into OpenMP's outlined functions. */
+AVX512 static unsigned long long read_run_avx512(const uint8_t *buf, size_t n) {
     __m512i a = _mm512_setzero_si512(), b = a, c = a, d = a;
-    for (size_t i = lo; i < hi; i += 256) {
+    for (size_t i = 0; i < n; i += 256) {
         a = _mm512_add_epi64(a, _mm512_load_si512(buf + i));
         b = _mm512_add_epi64(b, _mm512_load_si512(buf + i + 64));
         c = _mm512_add_epi64(c, _mm512_load_si512(buf + i + 128));
@@ -343,21 +338,18 @@ AVX512 static unsigned long long read_slice_avx512(const uint8_t *buf, size_t lo
     return sum;
 }
 
-/* Bytes/s of a streaming read of buf[0..n) (n a multiple of 256, buf 64-byte aligned) by
- * all threads, in runs of READ_RUN bytes handed out as threads free up, as decode hands
- * out its rows: with fixed halves a thread the host pauses leaves the other idle at the
- * end, and the read would then measure the pause rather than the memory. */
-static double read_bandwidth_avx512(const uint8_t *buf, size_t n) {
-    double t0 = now_s();
+/* Bytes/s of a streaming read of the runs by all threads, each run to the thread that
+ * frees up first, as decode hands out its rows: with fixed halves a thread the host
+ * pauses leaves the other idle at the end, and the read would then measure the pause
+ * rather than the memory. */
+static double read_bandwidth_avx512(const ReadRun *runs, int n_runs) {
+    double t0 = now_s(), bytes = 0;
     unsigned long long sink = 0;
-    const long runs = (long)((n + READ_RUN - 1) / READ_RUN);
+    for (int r = 0; r < n_runs; r++) bytes += (double)runs[r].n;
 #pragma omp parallel for reduction(+ : sink) schedule(dynamic, 1)
-    for (long r = 0; r < runs; r++) {
-        size_t lo = (size_t)r * READ_RUN, hi = lo + READ_RUN < n ? lo + READ_RUN : n;
-        sink += read_slice_avx512(buf, lo, hi);
-    }
+    for (int r = 0; r < n_runs; r++) sink += read_run_avx512(runs[r].p, runs[r].n);
     double dt = now_s() - t0;
-    return sink == 42 ? 0.0 : (double)n / dt; /* sink keeps the loads alive */
+    return sink == 42 ? 0.0 : bytes / dt; /* sink keeps the loads alive */
 }
 
 /* One thread's part of the FMA peak: 12 independent 16-wide FMA chains (enough to cover
@@ -929,17 +921,19 @@ static int cpu_has_avx512(void) {
 #endif
 
 /* Plain C versions of the two machine measurements (for CPUs without AVX-512). */
-static double read_bandwidth_plain(const uint8_t *buf, size_t n) {
-    double t0 = now_s();
+static double read_bandwidth_plain(const ReadRun *runs, int n_runs) {
+    double t0 = now_s(), bytes = 0;
     uint64_t sink = 0;
-#pragma omp parallel for reduction(+ : sink) schedule(dynamic, READ_RUN / 64)
-    for (size_t i = 0; i < n; i += 64) {
-        uint64_t v[8];
-        memcpy(v, buf + i, 64);
-        sink += v[0] + v[1] + v[2] + v[3] + v[4] + v[5] + v[6] + v[7];
-    }
+    for (int r = 0; r < n_runs; r++) bytes += (double)runs[r].n;
+#pragma omp parallel for reduction(+ : sink) schedule(dynamic, 1)
+    for (int r = 0; r < n_runs; r++)
+        for (size_t i = 0; i < runs[r].n; i += 64) {
+            uint64_t v[8];
+            memcpy(v, runs[r].p + i, 64);
+            sink += v[0] + v[1] + v[2] + v[3] + v[4] + v[5] + v[6] + v[7];
+        }
     double dt = now_s() - t0;
-    return sink == 42 ? 0.0 : (double)n / dt;
+    return sink == 42 ? 0.0 : bytes / dt;
 }
 
 static double fma_peak_plain(void) {

@@ -427,7 +427,8 @@ def t_bench_json(extra):
     check(len(lines) == 1, "bench --json printed %d lines, expected one object" % len(lines))
     r = json.loads(lines[0])
     for k in ("read_bw_gbs", "fma_peak_gflops", "prefill_tps", "prefill_peak_ratio", "decode_tps_ctx0",
-              "decode_bytes_per_token", "decode_bw_ratio", "decode_tps_long", "decode_long_bw_ratio"):
+              "decode_bytes_per_token", "decode_bw_ratio", "decode_tps_long", "decode_long_bw_ratio",
+              "weights_read_gbs", "decode_weights_bw_ratio"):
         check(k in r and isinstance(r[k], (int, float)) and math.isfinite(r[k]) and r[k] > 0, "bench: %s = %r" % (k, r.get(k)))
     check(r.get("precision") == os.environ.get("GLM_PRECISION", "fp32"), "bench precision %r" % r.get("precision"))
     # the read's mean over its passes can be no faster than its fastest pass, so decode's
@@ -436,6 +437,11 @@ def t_bench_json(extra):
     check(isinstance(best, (int, float)) and best >= r["read_bw_gbs"] * (1 - 1e-3), "read_bw_best_gbs %r < read_bw_gbs %r" % (best, r["read_bw_gbs"]))
     bb = r.get("decode_best_bw_ratio")
     check(isinstance(bb, (int, float)) and 0 < bb <= r["decode_bw_ratio"] * (1 + 1e-3), "decode_best_bw_ratio %r vs decode_bw_ratio %r" % (bb, r["decode_bw_ratio"]))
+    # decode over the weights' own read: bytes per token x tok/s over that read (the ratio
+    # printed to 4 digits, the read to 10 MB/s)
+    dw = r["decode_bytes_per_token"] * r["decode_tps_ctx0"] / (r["weights_read_gbs"] * 1e9)
+    check(abs(r["decode_weights_bw_ratio"] - dw) <= 2e-3 * dw, "decode_weights_bw_ratio %r, bytes x tok/s / weights_read_gbs %r"
+          % (r["decode_weights_bw_ratio"], dw))
     hp = r.get("huge_page_fraction")
     check(hp == -1 or 0 <= hp <= 1, "huge_page_fraction %r" % hp)
     cfg = c["cfg"]

@@ -6,8 +6,10 @@
  *   /tmp/placement map 16 6           read speed of each 256 MB of a 16 GB allocation,
  *                                     grouped by guest-physical address, 6 rounds rotating
  *   /tmp/placement sets 200 FILE...   1 GB from the lowest-, middle- and highest-addressed
- *                                     2 MB chunks of a 12 GB allocation, and the page cache
- *                                     holding FILE...: the four reads rotate every round
+ *                                     2 MB chunks of a 12 GB allocation, the page cache
+ *                                     holding FILE..., and as many anonymous chunks as the
+ *                                     files have, spread evenly through the allocation: the
+ *                                     five reads rotate every round
  * Each read: both threads take 2 MB chunks in turn (like glm bench's 8 MB pieces), four
  * independent 64-byte XOR chains per thread, no software prefetch (glm bench's yardstick). */
 #define _GNU_SOURCE
@@ -112,26 +114,31 @@ static void set_speeds(int rounds, int nf, char **files) {
     Chunk *c = anonymous_chunks(n);
     int nw;
     Chunk *w = file_chunks(nf, files, &nw);
-    const Chunk *set[4] = {c, c + nc / 2 - one_gb / 2, c + nc - one_gb, w};
-    const int count[4] = {one_gb, one_gb, one_gb, nw};
-    const char *name[4] = {"low", "mid", "high", "files"};
+    /* as many anonymous chunks as the files have, taken evenly through the allocation: the
+     * same size and spread as the files, to tell the page cache from a big working set */
+    int ns = nw < nc ? nw : nc;
+    Chunk *spread = malloc((size_t)ns * sizeof(Chunk));
+    for (int i = 0; i < ns; i++) spread[i] = c[(size_t)i * nc / ns];
+    const Chunk *set[5] = {c, c + nc / 2 - one_gb / 2, c + nc - one_gb, w, spread};
+    const int count[5] = {one_gb, one_gb, one_gb, nw, ns};
+    const char *name[5] = {"low", "mid", "high", "files", "spread"};
     uint64_t wlo = ~0ull, whi = 0;
     for (int i = 0; i < nw; i++) { if (w[i].pfn < wlo) wlo = w[i].pfn; if (w[i].pfn > whi) whi = w[i].pfn; }
     for (int s = 0; s < 3; s++) printf("%s: 1 GB at guest-physical %.1f-%.1f GB\n", name[s], gb_at(set[s][0].pfn), gb_at(set[s][one_gb - 1].pfn));
     printf("files: %d MB at guest-physical %.1f-%.1f GB\n", 2 * nw, gb_at(wlo), gb_at(whi));
-    double sum[4] = {0};
+    double sum[5] = {0};
     for (int r = 0; r < rounds; r++) {
-        double v[4];
-        for (int j = 0; j < 4; j++) { /* rotate who goes first */
-            int s = (j + r) % 4;
+        double v[5];
+        for (int j = 0; j < 5; j++) { /* rotate who goes first */
+            int s = (j + r) % 5;
             v[s] = 0;
             for (int pass = 0; pass < 3; pass++) v[s] += read_chunks(set[s], count[s]) / 3;
             sum[s] += v[s];
         }
-        printf("round %3d: low %.1f mid %.1f high %.1f files %.1f GB/s\n", r, v[0], v[1], v[2], v[3]);
+        printf("round %3d: low %.1f mid %.1f high %.1f files %.1f spread %.1f GB/s\n", r, v[0], v[1], v[2], v[3], v[4]);
         fflush(stdout);
     }
-    printf("mean:      low %.1f mid %.1f high %.1f files %.1f GB/s\n", sum[0] / rounds, sum[1] / rounds, sum[2] / rounds, sum[3] / rounds);
+    printf("mean:      low %.1f mid %.1f high %.1f files %.1f spread %.1f GB/s\n", sum[0] / rounds, sum[1] / rounds, sum[2] / rounds, sum[3] / rounds, sum[4] / rounds);
 }
 
 int main(int argc, char **argv) {

@@ -2651,10 +2651,19 @@ typedef struct {
     int n;
 } ReadSet;
 
-/* buf[0..n) (buf 64-byte aligned, n a multiple of 256) as runs. */
+/* Adds runs starting every `stride` bytes of p[0..len) (p 64-byte aligned), each READ_RUN
+ * bytes or up to the end, rounded down to the read's 256-byte step. set->run has room. */
+static void add_runs(ReadSet *set, const uint8_t *p, size_t len, size_t stride) {
+    for (size_t off = 0; off < len; off += stride) {
+        size_t left = len - off, n = (left < READ_RUN ? left : READ_RUN) & ~(size_t)255;
+        if (n) set->run[set->n++] = (ReadRun){p + off, n};
+    }
+}
+
+/* buf[0..n) as runs, end to end. */
 static ReadSet buffer_runs(const uint8_t *buf, size_t n) {
     ReadSet s = {xmalloc((n / READ_RUN + 1) * sizeof(ReadRun)), 0};
-    for (size_t off = 0; off < n; off += READ_RUN) s.run[s.n++] = (ReadRun){buf + off, n - off < READ_RUN ? n - off : READ_RUN};
+    add_runs(&s, buf, n, READ_RUN);
     return s;
 }
 
@@ -2675,11 +2684,8 @@ static ReadSet weights_runs(const Checkpoint *ck) {
     int cap = 0;
     for (int s = 0; s < ck->n_shards; s++) cap += (int)(ck->shards[s].map_len / stride) + 1;
     ReadSet set = {xmalloc((size_t)cap * sizeof(ReadRun)), 0};
-    for (int s = 0; s < ck->n_shards; s++)
-        for (size_t off = 0; off < ck->shards[s].map_len; off += stride) { /* map_base is page-aligned */
-            size_t left = ck->shards[s].map_len - off, n = (left < READ_RUN ? left : READ_RUN) & ~(size_t)255;
-            if (n) set.run[set.n++] = (ReadRun){(const uint8_t *)ck->shards[s].map_base + off, n};
-        }
+    for (int s = 0; s < ck->n_shards; s++) /* map_base is page-aligned */
+        add_runs(&set, ck->shards[s].map_base, ck->shards[s].map_len, stride);
     return set;
 }
 
@@ -2697,15 +2703,14 @@ typedef struct {
  * when a read in the same conditions got only 1.2x more. Both are printed. */
 static ReadRate read_rate(const ReadSet *set) {
     ReadRate r = {0, 0};
-    double secs = 0, bytes = 0;
-    for (int i = 0; i < set->n; i++) bytes += (double)set->run[i].n;
-    if (bytes == 0) return r; /* a checkpoint smaller than one 256-byte step */
+    if (set->n == 0) return r; /* a checkpoint smaller than one 256-byte step */
+    double secs_per_byte = 0; /* each pass reads the same bytes: their mean is 3 over this */
     for (int i = 0; i < 3; i++) {
         double b = kernels.read_bandwidth(set->run, set->n);
-        secs += bytes / b;
+        secs_per_byte += 1.0 / b;
         if (b > r.best) r.best = b;
     }
-    r.mean = 3.0 * bytes / secs;
+    r.mean = 3.0 / secs_per_byte;
     return r;
 }
 

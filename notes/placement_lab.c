@@ -2,7 +2,7 @@
  * depend on WHERE the memory is (its guest-physical address), not only on the moment?
  * Not part of the build or the tests. Needs root (PFNs in /proc/self/pagemap read as 0
  * otherwise) and an AVX-512 CPU:
- *   gcc -std=gnu11 -O2 -fopenmp -o /tmp/placement notes/placement_lab.c
+ *   gcc -std=gnu11 -O2 -fopenmp -o /tmp/placement notes/placement_lab.c -lm
  *   /tmp/placement map 16 6           read speed of each 256 MB of a 16 GB allocation,
  *                                     grouped by guest-physical address, 6 rounds rotating
  *   /tmp/placement sets 200 FILE...   1 GB from the lowest-, middle- and highest-addressed
@@ -10,11 +10,20 @@
  *                                     holding FILE..., and as many anonymous chunks as the
  *                                     files have, spread evenly through the allocation: the
  *                                     five reads rotate every round
+ *   /tmp/placement ranges 10 FILE...  one thread times each 2 MB chunk on its own: a fresh
+ *                                     4 GB anonymous allocation, the page cache holding
+ *                                     FILE..., and an anonymous copy of FILE... read() into
+ *                                     2 MB pages (what glm --no-mmap does); all chunks in a
+ *                                     new random order every round. Prints each set's mean
+ *                                     of per-chunk medians, their histogram, and how well a
+ *                                     chunk's speed in even rounds predicts it in odd ones
+ *                                     (a correlation near 0: the moment; near 1: the place)
  * Each read: both threads take 2 MB chunks in turn (like glm bench's 8 MB pieces), four
  * independent 64-byte XOR chains per thread, no software prefetch (glm bench's yardstick). */
 #define _GNU_SOURCE
 #include <fcntl.h>
 #include <immintrin.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -42,20 +51,23 @@ static uint64_t pfn_of(const void *p) {
     return e & ((1ull << 55) - 1);
 }
 
+/* One streaming read of a 2 MB chunk; the XOR of its words, so the loads are not dropped. */
+__attribute__((target("avx512f"))) static long read_chunk(const uint8_t *p) {
+    const __m512i *q = (const __m512i *)p;
+    __m512i a = _mm512_setzero_si512(), b = a, d = a, e = a;
+    for (size_t k = 0; k < CHUNK / 64; k += 4) {
+        a = _mm512_xor_si512(a, q[k]); b = _mm512_xor_si512(b, q[k + 1]);
+        d = _mm512_xor_si512(d, q[k + 2]); e = _mm512_xor_si512(e, q[k + 3]);
+    }
+    return _mm512_reduce_add_epi64(_mm512_xor_si512(_mm512_xor_si512(a, b), _mm512_xor_si512(d, e)));
+}
+
 /* GB/s of one streaming read of the n chunks c[0..n). */
-__attribute__((target("avx512f"))) static double read_chunks(const Chunk *c, int n) {
+static double read_chunks(const Chunk *c, int n) {
     long sink = 0;
     double t0 = now();
 #pragma omp parallel for schedule(dynamic, 1) reduction(^ : sink)
-    for (int i = 0; i < n; i++) {
-        const __m512i *q = (const __m512i *)c[i].p;
-        __m512i a = _mm512_setzero_si512(), b = a, d = a, e = a;
-        for (size_t k = 0; k < CHUNK / 64; k += 4) {
-            a = _mm512_xor_si512(a, q[k]); b = _mm512_xor_si512(b, q[k + 1]);
-            d = _mm512_xor_si512(d, q[k + 2]); e = _mm512_xor_si512(e, q[k + 3]);
-        }
-        sink ^= _mm512_reduce_add_epi64(_mm512_xor_si512(_mm512_xor_si512(a, b), _mm512_xor_si512(d, e)));
-    }
+    for (int i = 0; i < n; i++) sink ^= read_chunk(c[i].p);
     double t = now() - t0;
     volatile long keep = sink;
     (void)keep;
@@ -96,6 +108,93 @@ static Chunk *file_chunks(int nf, char **files, int *count) {
     }
     *count = n;
     return c;
+}
+
+/* An anonymous copy of the files, read() into 2 MB pages as glm --no-mmap loads them. */
+static Chunk *copied_chunks(int nf, char **files, int *count) {
+    Chunk *c = NULL;
+    int n = 0;
+    for (int f = 0; f < nf; f++) {
+        int fd = open(files[f], O_RDONLY);
+        struct stat st;
+        if (fd < 0 || fstat(fd, &st) != 0) { perror(files[f]); exit(1); }
+        size_t len = (size_t)st.st_size & ~(CHUNK - 1);
+        if (len == 0) continue;
+        uint8_t *raw = mmap(NULL, len + CHUNK, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (raw == MAP_FAILED) { perror("mmap"); exit(1); }
+        uint8_t *m = (uint8_t *)(((uintptr_t)raw + CHUNK - 1) & ~(uintptr_t)(CHUNK - 1));
+        madvise(m, len, MADV_HUGEPAGE);
+        for (size_t o = 0; o < len;) {
+            ssize_t k = read(fd, m + o, len - o < ((size_t)64 << 20) ? len - o : (size_t)64 << 20);
+            if (k <= 0) { perror(files[f]); exit(1); }
+            o += (size_t)k;
+        }
+        close(fd);
+        c = realloc(c, (n + len / CHUNK) * sizeof(Chunk));
+        for (size_t i = 0; i < len; i += CHUNK) { c[n].p = m + i; c[n].pfn = pfn_of(m + i); n++; }
+    }
+    *count = n;
+    return c;
+}
+
+static int by_float(const void *a, const void *b) { float x = *(const float *)a, y = *(const float *)b; return x < y ? -1 : x > y; }
+
+/* Each chunk's own read speed on one thread, the chunks of all sets in a new random order
+ * every round, so a set's figure is not one moment of the host's. */
+static void range_speeds(int rounds, int nf, char **files) {
+    enum { SETS = 3 };
+    int count[SETS];
+    Chunk *set[SETS];
+    const char *name[SETS] = {"anonymous", "page cache", "copy"};
+    count[0] = (int)(((size_t)4 << 30) / CHUNK);
+    set[0] = anonymous_chunks((size_t)4 << 30);
+    set[1] = file_chunks(nf, files, &count[1]);
+    set[2] = copied_chunks(nf, files, &count[2]);
+    int total = count[0] + count[1] + count[2];
+    const uint8_t **p = malloc(total * sizeof *p);
+    int *owner = malloc(total * sizeof *owner), *order = malloc(total * sizeof *order);
+    float *gbs = malloc((size_t)total * rounds * sizeof *gbs); /* [chunk][round] */
+    for (int s = 0, t = 0; s < SETS; s++)
+        for (int i = 0; i < count[s]; i++, t++) { p[t] = set[s][i].p; owner[t] = s; }
+    uint64_t rng = 88172645463325252ull;
+    long sink = 0;
+    for (int r = 0; r < rounds; r++) {
+        for (int t = 0; t < total; t++) order[t] = t;
+        for (int t = total - 1; t > 0; t--) { /* Fisher-Yates with xorshift64 */
+            rng ^= rng << 13; rng ^= rng >> 7; rng ^= rng << 17;
+            int j = (int)(rng % (uint64_t)(t + 1)), x = order[t];
+            order[t] = order[j]; order[j] = x;
+        }
+        for (int t = 0; t < total; t++) {
+            int c = order[t];
+            double t0 = now();
+            sink ^= read_chunk(p[c]);
+            gbs[(size_t)c * rounds + r] = (float)(CHUNK / (now() - t0) / 1e9);
+        }
+    }
+    volatile long keep = sink;
+    (void)keep;
+    for (int s = 0; s < SETS; s++) {
+        double sum = 0, sx = 0, sy = 0, sxx = 0, syy = 0, sxy = 0;
+        int bins[20] = {0};
+        for (int t = 0; t < total; t++) {
+            if (owner[t] != s) continue;
+            float *v = gbs + (size_t)t * rounds;
+            double even = 0, odd = 0;
+            for (int r = 0; r < rounds; r++) *(r % 2 ? &odd : &even) += v[r];
+            even /= (rounds + 1) / 2; odd /= rounds / 2;
+            sx += even; sy += odd; sxx += even * even; syy += odd * odd; sxy += even * odd;
+            qsort(v, rounds, sizeof *v, by_float);
+            float median = v[rounds / 2];
+            sum += median;
+            bins[median >= 100 ? 19 : (int)(median / 5)]++;
+        }
+        double m = count[s], corr = (sxy / m - sx * sy / m / m) / sqrt((sxx / m - sx * sx / m / m) * (syy / m - sy * sy / m / m));
+        printf("%-10s %5d MB: per-chunk median %.1f GB/s (mean), even/odd rounds correlation %.2f; chunks by GB/s:",
+               name[s], 2 * count[s], sum / count[s], corr);
+        for (int b = 0; b < 20; b++) if (bins[b]) printf(" %d-%d:%d", 5 * b, 5 * b + 5, bins[b]);
+        printf("\n");
+    }
 }
 
 static void map_speeds(size_t gb, int rounds) {
@@ -146,6 +245,7 @@ int main(int argc, char **argv) {
     if (pagemap < 0) { perror("/proc/self/pagemap"); return 1; }
     if (argc >= 4 && !strcmp(argv[1], "map")) map_speeds((size_t)atol(argv[2]), atoi(argv[3]));
     else if (argc >= 4 && !strcmp(argv[1], "sets")) set_speeds(atoi(argv[2]), argc - 3, argv + 3);
-    else { fprintf(stderr, "usage: placement map GB ROUNDS | placement sets ROUNDS FILE...\n"); return 1; }
+    else if (argc >= 4 && !strcmp(argv[1], "ranges") && atoi(argv[2]) >= 2) range_speeds(atoi(argv[2]), argc - 3, argv + 3);
+    else { fprintf(stderr, "usage: placement map GB ROUNDS | placement sets ROUNDS FILE... | placement ranges ROUNDS FILE...\n"); return 1; }
     return 0;
 }

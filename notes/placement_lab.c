@@ -74,12 +74,18 @@ static double read_chunks(const Chunk *c, int n) {
     return (double)n * CHUNK / t / 1e9;
 }
 
-/* n bytes of anonymous memory on 2 MB pages, written, as chunks sorted by guest-physical address */
-static Chunk *anonymous_chunks(size_t n) {
+/* n bytes of anonymous memory, 2 MB-aligned and asked onto 2 MB pages (not yet touched) */
+static uint8_t *anonymous_2mb(size_t n) {
     uint8_t *raw = mmap(NULL, n + CHUNK, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (raw == MAP_FAILED) { perror("mmap"); exit(1); }
     uint8_t *b = (uint8_t *)(((uintptr_t)raw + CHUNK - 1) & ~(uintptr_t)(CHUNK - 1));
     madvise(b, n, MADV_HUGEPAGE);
+    return b;
+}
+
+/* n bytes of anonymous memory on 2 MB pages, written, as chunks sorted by guest-physical address */
+static Chunk *anonymous_chunks(size_t n) {
+    uint8_t *b = anonymous_2mb(n);
     memset(b, 1, n);
     Chunk *c = malloc(n / CHUNK * sizeof(Chunk));
     for (size_t i = 0; i < n / CHUNK; i++) { c[i].p = b + i * CHUNK; c[i].pfn = pfn_of(c[i].p); }
@@ -87,8 +93,9 @@ static Chunk *anonymous_chunks(size_t n) {
     return c;
 }
 
-/* The page cache holding the files, as 2 MB chunks (each file mapped 2 MB-aligned, paged in). */
-static Chunk *file_chunks(int nf, char **files, int *count) {
+/* The files as 2 MB chunks: copy = 0, the page cache holding them (each file mapped 2 MB-aligned,
+ * paged in); copy = 1, an anonymous copy read() into 2 MB pages, as glm --no-mmap loads them. */
+static Chunk *file_chunks(int nf, char **files, int copy, int *count) {
     Chunk *c = NULL;
     int n = 0;
     for (int f = 0; f < nf; f++) {
@@ -96,38 +103,22 @@ static Chunk *file_chunks(int nf, char **files, int *count) {
         struct stat st;
         if (fd < 0 || fstat(fd, &st) != 0) { perror(files[f]); exit(1); }
         size_t len = (size_t)st.st_size & ~(CHUNK - 1);
-        if (len == 0) continue;
-        uint8_t *raw = mmap(NULL, len + CHUNK, PROT_READ, MAP_SHARED, fd, 0); /* an aligned hole */
-        munmap(raw, len + CHUNK);
-        uint8_t *m = mmap((void *)(((uintptr_t)raw + CHUNK - 1) & ~(uintptr_t)(CHUNK - 1)), len, PROT_READ, MAP_SHARED | MAP_FIXED, fd, 0);
-        madvise(m, len, MADV_HUGEPAGE);
-        volatile uint8_t touch = 0;
-        for (size_t i = 0; i < len; i += 4096) touch ^= m[i];
-        c = realloc(c, (n + len / CHUNK) * sizeof(Chunk));
-        for (size_t i = 0; i < len; i += CHUNK) { c[n].p = m + i; c[n].pfn = pfn_of(m + i); n++; }
-    }
-    *count = n;
-    return c;
-}
-
-/* An anonymous copy of the files, read() into 2 MB pages as glm --no-mmap loads them. */
-static Chunk *copied_chunks(int nf, char **files, int *count) {
-    Chunk *c = NULL;
-    int n = 0;
-    for (int f = 0; f < nf; f++) {
-        int fd = open(files[f], O_RDONLY);
-        struct stat st;
-        if (fd < 0 || fstat(fd, &st) != 0) { perror(files[f]); exit(1); }
-        size_t len = (size_t)st.st_size & ~(CHUNK - 1);
-        if (len == 0) continue;
-        uint8_t *raw = mmap(NULL, len + CHUNK, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        if (raw == MAP_FAILED) { perror("mmap"); exit(1); }
-        uint8_t *m = (uint8_t *)(((uintptr_t)raw + CHUNK - 1) & ~(uintptr_t)(CHUNK - 1));
-        madvise(m, len, MADV_HUGEPAGE);
-        for (size_t o = 0; o < len;) {
-            ssize_t k = read(fd, m + o, len - o < ((size_t)64 << 20) ? len - o : (size_t)64 << 20);
-            if (k <= 0) { perror(files[f]); exit(1); }
-            o += (size_t)k;
+        if (len == 0) { close(fd); continue; }
+        uint8_t *m;
+        if (copy) {
+            m = anonymous_2mb(len);
+            for (size_t o = 0; o < len;) {
+                ssize_t k = read(fd, m + o, len - o < ((size_t)64 << 20) ? len - o : (size_t)64 << 20);
+                if (k <= 0) { perror(files[f]); exit(1); }
+                o += (size_t)k;
+            }
+        } else {
+            uint8_t *raw = mmap(NULL, len + CHUNK, PROT_READ, MAP_SHARED, fd, 0); /* an aligned hole */
+            munmap(raw, len + CHUNK);
+            m = mmap((void *)(((uintptr_t)raw + CHUNK - 1) & ~(uintptr_t)(CHUNK - 1)), len, PROT_READ, MAP_SHARED | MAP_FIXED, fd, 0);
+            madvise(m, len, MADV_HUGEPAGE);
+            volatile uint8_t touch = 0;
+            for (size_t i = 0; i < len; i += 4096) touch ^= m[i];
         }
         close(fd);
         c = realloc(c, (n + len / CHUNK) * sizeof(Chunk));
@@ -148,8 +139,8 @@ static void range_speeds(int rounds, int nf, char **files) {
     const char *name[SETS] = {"anonymous", "page cache", "copy"};
     count[0] = (int)(((size_t)4 << 30) / CHUNK);
     set[0] = anonymous_chunks((size_t)4 << 30);
-    set[1] = file_chunks(nf, files, &count[1]);
-    set[2] = copied_chunks(nf, files, &count[2]);
+    set[1] = file_chunks(nf, files, 0, &count[1]);
+    set[2] = file_chunks(nf, files, 1, &count[2]);
     int total = count[0] + count[1] + count[2];
     const uint8_t **p = malloc(total * sizeof *p);
     int *owner = malloc(total * sizeof *owner), *order = malloc(total * sizeof *order);
@@ -212,7 +203,7 @@ static void set_speeds(int rounds, int nf, char **files) {
     const int nc = (int)(n / CHUNK), one_gb = 512;
     Chunk *c = anonymous_chunks(n);
     int nw;
-    Chunk *w = file_chunks(nf, files, &nw);
+    Chunk *w = file_chunks(nf, files, 0, &nw);
     /* as many anonymous chunks as the files have, taken evenly through the allocation: the
      * same size and spread as the files, to tell the page cache from a big working set */
     int ns = nw < nc ? nw : nc;

@@ -119,10 +119,10 @@ int main(int argc,char**argv){ number_tables_init(); kernels_init(NULL);
   double sum[2]={0,0}; 
   for(int r=0;r<reps;r++) for(int v=0;v<2;v++){ KF k = v==0 ? kernels.matvec_bf16 : nf[f];
    if(mode==0){ double t=now(); for(int it=0;it<2000;it++) k(&W,0,rows,xs,y); double g=2000.0*W.bytes/(now()-t)/1e9; sum[v]+=log(g); printf("  %s %s L2 1 thread: %.1f GB/s\n",nm[f],v?"new":"old",g);}
-   else { double b0=kernels.read_bandwidth(buf,target); double t=now();
+   else { ReadRun whole={buf,target}; double b0=kernels.read_bandwidth(&whole,1); double t=now();
     #pragma omp parallel
     { int nt=omp_get_num_threads(),id=omp_get_thread_num(); int per=rows/nt; k(&W,id*per,per,xs,y+id*per);}
-    double g=W.bytes/(now()-t)/1e9; double b1=kernels.read_bandwidth(buf,target); double ratio=2*g/(b0+b1)*1e9; sum[v]+=log(ratio);
+    double g=W.bytes/(now()-t)/1e9; double b1=kernels.read_bandwidth(&whole,1); double ratio=2*g/(b0+b1)*1e9; sum[v]+=log(ratio);
     printf("  %s %s mem: %.1f GB/s, read %.1f, ratio %.3f\n",nm[f],v?"new":"old",g,(b0+b1)/2e9,ratio);}
   }
   printf("%s new/old geo mean: %.3f\n",nm[f],exp((sum[1]-sum[0])/reps));

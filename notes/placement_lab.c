@@ -17,7 +17,13 @@
  *                                     new random order every round. Prints each set's mean
  *                                     of per-chunk medians, their histogram, and how well a
  *                                     chunk's speed in even rounds predicts it in odd ones
- *                                     (a correlation near 0: the moment; near 1: the place)
+ *                                     (a correlation near 0: the moment; near 1: the place).
+ *                                     After each read, a TLB probe of the same chunk: a chain
+ *                                     of dependent loads, one line in each of its 512 4 KB
+ *                                     pages, all in L1, so a hop costs what the TLB costs (a
+ *                                     chunk the host backs with 4 KB pages misses the L1 TLB
+ *                                     at every hop); printed as each set's mean of per-chunk
+ *                                     medians and its correlation with the chunk's speed
  * Each read: both threads take 2 MB chunks in turn (like glm bench's 8 MB pieces), four
  * independent 64-byte XOR chains per thread, no software prefetch (glm bench's yardstick). */
 #define _GNU_SOURCE
@@ -130,6 +136,32 @@ static Chunk *file_chunks(int nf, char **files, int copy, int *count) {
 
 static int by_float(const void *a, const void *b) { float x = *(const float *)a, y = *(const float *)b; return x < y ? -1 : x > y; }
 
+/* Pearson correlation of x[0..n) and y[0..n). */
+static double correlation(const double *x, const double *y, int n) {
+    double sx = 0, sy = 0, sxx = 0, syy = 0, sxy = 0;
+    for (int i = 0; i < n; i++) { sx += x[i]; sy += y[i]; sxx += x[i] * x[i]; syy += y[i] * y[i]; sxy += x[i] * y[i]; }
+    return (sxy / n - sx * sy / n / n) / sqrt((sxx / n - sx * sx / n / n) * (syy / n - sy * sy / n / n));
+}
+
+/* ns per hop of a chain of dependent loads through the lines at p + hop[0..512): one line in
+ * each 4 KB page of the chunk, at different offsets so all 512 fit L1's sets. The chain is
+ * walked once untimed (into L1), then 20 times timed; `v & zero` makes each address depend on
+ * the load before it without changing it. */
+static uint32_t hop[512];
+static volatile uint64_t zero;
+static double tlb_probe(const uint8_t *p) {
+    uint64_t z = zero, v = 0;
+    for (int i = 0; i < 512; i++) v += *(const volatile uint64_t *)(p + hop[i] + (v & z));
+    double t0 = now();
+    for (int r = 0; r < 20; r++)
+        for (int i = 0; i < 512; i++) v += *(const uint64_t *)(p + hop[i] + (v & z));
+    double t = now() - t0;
+    zero += v & z;
+    return t / (20 * 512) * 1e9;
+}
+
+static float median_of(float *v, int n) { qsort(v, n, sizeof *v, by_float); return v[n / 2]; }
+
 /* Each chunk's own read speed on one thread, the chunks of all sets in a new random order
  * every round, so a set's figure is not one moment of the host's. */
 static void range_speeds(int rounds, int nf, char **files) {
@@ -145,9 +177,16 @@ static void range_speeds(int rounds, int nf, char **files) {
     const uint8_t **p = malloc(total * sizeof *p);
     int *owner = malloc(total * sizeof *owner), *order = malloc(total * sizeof *order);
     float *gbs = malloc((size_t)total * rounds * sizeof *gbs); /* [chunk][round] */
+    float *ns = malloc((size_t)total * rounds * sizeof *ns);   /* [chunk][round]: TLB probe */
     for (int s = 0, t = 0; s < SETS; s++)
         for (int i = 0; i < count[s]; i++, t++) { p[t] = set[s][i].p; owner[t] = s; }
     uint64_t rng = 88172645463325252ull;
+    for (int i = 0; i < 512; i++) hop[i] = (uint32_t)(i * 4096 + i * 64 % 4096);
+    for (int i = 511; i > 0; i--) { /* a random walk through the pages, not one the prefetcher follows */
+        rng ^= rng << 13; rng ^= rng >> 7; rng ^= rng << 17;
+        int j = (int)(rng % (uint64_t)(i + 1));
+        uint32_t x = hop[i]; hop[i] = hop[j]; hop[j] = x;
+    }
     long sink = 0;
     for (int r = 0; r < rounds; r++) {
         for (int t = 0; t < total; t++) order[t] = t;
@@ -161,28 +200,31 @@ static void range_speeds(int rounds, int nf, char **files) {
             double t0 = now();
             sink ^= read_chunk(p[c]);
             gbs[(size_t)c * rounds + r] = (float)(CHUNK / (now() - t0) / 1e9);
+            ns[(size_t)c * rounds + r] = (float)tlb_probe(p[c]);
         }
     }
     volatile long keep = sink;
     (void)keep;
+    double *even = malloc(total * sizeof *even), *odd = malloc(total * sizeof *odd);
+    double *speed = malloc(total * sizeof *speed), *probe = malloc(total * sizeof *probe);
     for (int s = 0; s < SETS; s++) {
-        double sum = 0, sx = 0, sy = 0, sxx = 0, syy = 0, sxy = 0;
-        int bins[20] = {0};
+        double sum = 0, probe_sum = 0;
+        int bins[20] = {0}, m = 0;
         for (int t = 0; t < total; t++) {
             if (owner[t] != s) continue;
             float *v = gbs + (size_t)t * rounds;
-            double even = 0, odd = 0;
-            for (int r = 0; r < rounds; r++) *(r % 2 ? &odd : &even) += v[r];
-            even /= (rounds + 1) / 2; odd /= rounds / 2;
-            sx += even; sy += odd; sxx += even * even; syy += odd * odd; sxy += even * odd;
-            qsort(v, rounds, sizeof *v, by_float);
-            float median = v[rounds / 2];
-            sum += median;
-            bins[median >= 100 ? 19 : (int)(median / 5)]++;
+            even[m] = odd[m] = 0;
+            for (int r = 0; r < rounds; r++) *(r % 2 ? &odd[m] : &even[m]) += v[r];
+            even[m] /= (rounds + 1) / 2; odd[m] /= rounds / 2;
+            speed[m] = median_of(v, rounds);
+            probe[m] = median_of(ns + (size_t)t * rounds, rounds);
+            sum += speed[m];
+            probe_sum += probe[m];
+            bins[speed[m] >= 100 ? 19 : (int)(speed[m] / 5)]++;
+            m++;
         }
-        double m = count[s], corr = (sxy / m - sx * sy / m / m) / sqrt((sxx / m - sx * sx / m / m) * (syy / m - sy * sy / m / m));
-        printf("%-10s %5d MB: per-chunk median %.1f GB/s (mean), even/odd rounds correlation %.2f; chunks by GB/s:",
-               name[s], 2 * count[s], sum / count[s], corr);
+        printf("%-10s %5d MB: per-chunk median %.1f GB/s (mean), even/odd rounds correlation %.2f; TLB probe %.2f ns/hop (mean), correlation with speed %.2f; chunks by GB/s:",
+               name[s], 2 * m, sum / m, correlation(even, odd, m), probe_sum / m, correlation(speed, probe, m));
         for (int b = 0; b < 20; b++) if (bins[b]) printf(" %d-%d:%d", 5 * b, 5 * b + 5, bins[b]);
         printf("\n");
     }

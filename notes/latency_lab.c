@@ -22,7 +22,10 @@ int main(int argc,char**argv){
   size_t an=(size_t)2<<30; uint8_t*a=aligned_alloc(2<<20,an); madvise(a,an,MADV_HUGEPAGE); memset(a,1,an);
   size_t npa=an/4096; const uint8_t**pa=malloc(npa*sizeof*pa); for(size_t i=0;i<npa;i++)pa[i]=a+i*4096;
   size_t npf=0; const uint8_t**pf=malloc((size_t)(8<<20)*sizeof*pf);
-  for(int f=1;f<argc;f++){int fd=open(argv[f],O_RDONLY);struct stat st;fstat(fd,&st);const uint8_t*m=mmap(0,st.st_size,PROT_READ,MAP_SHARED,fd,0);
+  if(argc<2){fprintf(stderr,"usage: lat FILE...\n");return 1;}
+  for(int f=1;f<argc;f++){int fd=open(argv[f],O_RDONLY);struct stat st;
+    if(fd<0||fstat(fd,&st)||st.st_size<4096){fprintf(stderr,"lat: %s: cannot read, or under 4 KB\n",argv[f]);return 1;}
+    const uint8_t*m=mmap(0,st.st_size,PROT_READ,MAP_SHARED,fd,0);
     for(off_t o=0;o+4096<=st.st_size;o+=4096){(void)*(volatile const uint8_t*)(m+o); if(npf<npa) pf[npf++]=m+o;}}
   double sa=0,sf=0; for(int r=0;r<3;r++){ if(r%2){sf+=chase(pf,npf,200000);sa+=chase(pa,npa,200000);} else {sa+=chase(pa,npa,200000);sf+=chase(pf,npf,200000);} }
   printf("latency ns/hop: anonymous %.1f, page cache %.1f (x%.3f)\n",sa/3,sf/3,sf/sa); return 0;}

@@ -46,7 +46,12 @@ typedef long (*F)(const uint8_t*,size_t);
 static F fs[]={k_0_0,k_0_1,k_0_2,k_4_0,k_4_1,k_4_2,k_8_0,k_8_1,k_8_2,k_12_0,k_12_1,k_12_2,k_16_0,k_16_1,k_16_2,k_24_0,k_24_1,k_24_2,d_1_0,d_1_1,d_1_2,d_2_0,d_2_1,d_2_2};
 static const int Ns[]={0,4,8,12,16,24};
 #define NV 24
-int main(int argc,char**argv){ for(int i=0;i<8192;i++) XB[i]=0x5f80^(i&7);int rounds=atoi(argv[1]); int fd=open(argv[2],O_RDONLY);struct stat st;fstat(fd,&st);
+int main(int argc,char**argv){
+  if(argc<3){fprintf(stderr,"usage: ops ROUNDS SHARD (a file of 1.1 GB or more)\n");return 1;}
+  for(int i=0;i<8192;i++) XB[i]=0x5f80^(i&7);
+  int rounds=atoi(argv[1]); int fd=open(argv[2],O_RDONLY);struct stat st;
+  /* 1 GiB is read from byte 4096 on, and the prefetches reach 64 KB past it */
+  if(rounds<1||fd<0||fstat(fd,&st)||st.st_size<(1l<<30)+(1l<<20)){fprintf(stderr,"ops: %s: need ROUNDS >= 1 and a file of 1.1 GB or more\n",argv[2]);return 1;}
   const uint8_t*m=mmap(0,st.st_size,PROT_READ,MAP_SHARED,fd,0); for(off_t o=0;o<st.st_size;o+=4096)(void)*(volatile const uint8_t*)(m+o);
   const uint8_t*W=m+4096; size_t run=8u<<20; int nruns=128; double ls[NV]={0}; long sink=0;
   for(int r=0;r<rounds;r++){double g[NV]; for(int k=0;k<NV;k++){int v=(k+r*5)%NV; double t=now();

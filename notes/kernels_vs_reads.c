@@ -46,6 +46,7 @@ int main(int argc, char **argv) {
     if (argc < 4) { fprintf(stderr, "usage: kvr ROUNDS SHARD FORMAT(1 bf16, 2 fp8, 3 mxfp4)\n"); return 1; }
     const int rounds = atoi(argv[1]), cols = 6144;
     const WeightFormat fmt = (WeightFormat)atoi(argv[3]);
+    if (rounds < 1 || fmt < WF_BF16 || fmt > WF_MXFP4) { fprintf(stderr, "kvr: need ROUNDS >= 1 and FORMAT 1, 2 or 3\n"); return 1; }
     number_tables_init();
     kernels_init(NULL);
     if (!kernels.matvec_bf16) { fprintf(stderr, "kvr: needs the AVX512-BF16 kernels\n"); return 1; }

@@ -179,7 +179,9 @@ static void test_norms_rope(void) {
                 table[(size_t)p * dr + 2 * i + 1] = (float)sin(ang);
             }
         layernorm(ref, x, w, b, d, 1e-6f);
-        rope(ref, dr, pos, theta);
+        float cs[64];
+        rope_angles(cs, dr, pos, theta);
+        rope(ref, dr, cs);
         gpuk_layernorm_rope(got, x, w, b, d, dr, pos, table);
         char name[64];
         snprintf(name, sizeof name, "layernorm + rope pos %d", pos);
@@ -190,7 +192,8 @@ static void test_norms_rope(void) {
         float q[5 * 48], qr[5 * 48];
         fill_n(q, (size_t)nh * qd, 1.0f);
         memcpy(qr, q, sizeof q);
-        for (int h = 0; h < nh; h++) rope(qr + h * qd + off, qdr, pos, theta);
+        rope_angles(cs, qdr, pos, theta);
+        for (int h = 0; h < nh; h++) rope(qr + h * qd + off, qdr, cs);
         for (int p = 0; p <= pos; p++)
             for (int i = 0; i < qdr / 2; i++) {
                 double ang = (double)p * pow(theta, -2.0 * i / qdr);

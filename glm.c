@@ -1910,8 +1910,11 @@ static void attention(const Model *m, const Layer *L, KVCache *kv, RunState *s, 
 /* SwiGLU MLP on n rows of x: y = W_down · (SiLU(W_gate·x) ⊙ (W_up·x)). */
 /* h[i] = silu(gate[i]) · up[i], in place in the gate's buffer */
 static void swiglu_act(float *h_gate, const float *h_up, size_t m) {
+#pragma omp parallel for if (m > 65536)
     for (size_t i = 0; i < m; i++) h_gate[i] = silu(h_gate[i]) * h_up[i];
 }
+
+static void add_into(float *y, const float *x, int n) { for (int i = 0; i < n; i++) y[i] += x[i]; }
 
 static void swiglu(float *y, const float *x, const Mat *gate, const Mat *up, const Mat *down, float *h1, float *h2, int n, float *pool_xs) {
     const Product gate_up[2] = {{h1, x, gate}, {h2, x, up}};
@@ -1987,13 +1990,14 @@ static void moe(const Model *m, const Layer *L, RunState *s, const float *x, flo
         int cnt = 0;
         for (int t = 0; t < n; t++)
             for (int k = 0; k < A; k++)
-                if (s->ex_idx[t * A + k] == e) {
-                    s->ex_tokens[cnt] = t * A + k; /* remembers token and slot */
-                    memcpy(s->ex_x + (size_t)cnt * H, x + (size_t)t * H, (size_t)H * sizeof(float));
-                    cnt++;
-                }
+                if (s->ex_idx[t * A + k] == e) s->ex_tokens[cnt++] = t * A + k; /* remembers token and slot */
         if (!cnt) continue;
+        /* gather its tokens' inputs, run it, add its weighted outputs back; a token picks an
+         * expert once, so the rows of one expert's scatter are distinct (no race) */
+#pragma omp parallel for if (cnt > 1)
+        for (int i = 0; i < cnt; i++) memcpy(s->ex_x + (size_t)i * H, x + (size_t)(s->ex_tokens[i] / A) * H, (size_t)H * sizeof(float));
         swiglu(s->ex_y, s->ex_x, &L->ex_gate[e], &L->ex_up[e], &L->ex_down[e], s->h1, s->h2, cnt, s->pool_xs);
+#pragma omp parallel for if (cnt > 1)
         for (int i = 0; i < cnt; i++) {
             int t = s->ex_tokens[i] / A;
             float w = s->ex_w[s->ex_tokens[i]];
@@ -2030,13 +2034,19 @@ static void forward(const Model *m, KVCache *kv, RunState *s, const int *tokens,
         g_bytes_read += (double)B * m->embed.bytes / m->embed.rows;
         for (int l = 0; l < c->n_layers; l++) {
             const Layer *L = &m->layers[l];
+            /* the per-token steps of a prompt run on all threads too (if B > 1: for one token,
+             * waking them costs more than the step) */
+#pragma omp parallel for if (B > 1)
             for (int t = 0; t < B; t++) rmsnorm(s->a + (size_t)t * H, s->x + (size_t)t * H, L->input_norm, H, c->rms_eps);
             attention(m, L, kv, s, l, B, pos0);
-            for (size_t i = 0; i < (size_t)B * H; i++) s->x[i] += s->out[i];
+#pragma omp parallel for if (B > 1)
+            for (int t = 0; t < B; t++) add_into(s->x + (size_t)t * H, s->out + (size_t)t * H, H);
+#pragma omp parallel for if (B > 1)
             for (int t = 0; t < B; t++) rmsnorm(s->a + (size_t)t * H, s->x + (size_t)t * H, L->post_norm, H, c->rms_eps);
             if (c->dense[l]) swiglu(s->out, s->a, &L->gate, &L->up, &L->down, s->h1, s->h2, B, s->pool_xs);
             else moe(m, L, s, s->a, s->out, B);
-            for (size_t i = 0; i < (size_t)B * H; i++) s->x[i] += s->out[i];
+#pragma omp parallel for if (B > 1)
+            for (int t = 0; t < B; t++) add_into(s->x + (size_t)t * H, s->out + (size_t)t * H, H);
         }
         kv->pos += B;
         if (all_logits) {

@@ -634,6 +634,10 @@ BF16 static void pack_pairs_bf16_avx512(const uint16_t *A, int lda, const int *i
             for (int i = 0; i < nr; i++) Y[(size_t)t * ldy + i] = _mm512_reduce_add_ps(acc[t][i]); \
     }
 ROWS_TILE_BF16(6)
+ROWS_TILE_BF16(5)
+ROWS_TILE_BF16(4)
+ROWS_TILE_BF16(3)
+ROWS_TILE_BF16(2)
 ROWS_TILE_BF16(1)
 
 BF16 static void gemm_rows_bf16_avx512(const Mat *W, int r0, int nr, const uint16_t *X, int ldx, int n, float *Y, int ldy, uint16_t *wbuf) {
@@ -646,7 +650,17 @@ BF16 static void gemm_rows_bf16_avx512(const Mat *W, int r0, int nr, const uint1
         }
         int t = 0;
         for (; t + 6 <= n; t += 6) rows_bf16_tile6(wbuf, kp, X + (size_t)t * ldx, ldx, Y + (size_t)t * ldy + i, ldy, rows);
-        for (; t < n; t++) rows_bf16_tile1(wbuf, kp, X + (size_t)t * ldx, ldx, Y + (size_t)t * ldy + i, ldy, rows);
+        const uint16_t *Xt = X + (size_t)t * ldx;
+        float *Yt = Y + (size_t)t * ldy + i;
+        /* the last 1-5 tokens in one pass: one at a time kept only 4 sums in flight, and an
+         * expert of 15 tokens ran 1.2x slower from cache (1.04-1.13x from the page cache) */
+        switch (n - t) {
+        case 5: rows_bf16_tile5(wbuf, kp, Xt, ldx, Yt, ldy, rows); break;
+        case 4: rows_bf16_tile4(wbuf, kp, Xt, ldx, Yt, ldy, rows); break;
+        case 3: rows_bf16_tile3(wbuf, kp, Xt, ldx, Yt, ldy, rows); break;
+        case 2: rows_bf16_tile2(wbuf, kp, Xt, ldx, Yt, ldy, rows); break;
+        case 1: rows_bf16_tile1(wbuf, kp, Xt, ldx, Yt, ldy, rows); break;
+        }
     }
 }
 

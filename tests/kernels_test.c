@@ -257,8 +257,10 @@ static int test_set(const char *want) {
     /* the few-token bf16 product: rows dequantized to bf16 in registers' order, exact
      * products of bf16 inputs, fp32 sums */
     for (int f = 0; f < 4 && simd.gemm_rows_bf16; f++) {
-        const int cases[][3] = {{1, 32, 1}, {5, 96, 6}, {9, 608, 13}, {4, 100, 7}, {7, 1056, 12}};
-        for (int c = 0; c < 5; c++) {
+        /* token counts with every remainder after the 6-token tiles (13, 7: 1; 8: 2; 3: 3; 10: 4; 17: 5) */
+        const int cases[][3] = {{1, 32, 1}, {5, 96, 6}, {9, 608, 13}, {4, 100, 7}, {7, 1056, 12},
+                                {3, 64, 8}, {6, 160, 3}, {5, 320, 10}, {8, 2080, 17}};
+        for (int c = 0; c < 9; c++) {
             int rows = cases[c][0], cols = cases[c][1], n = cases[c][2], kp = (cols + 31) & ~31, ldy = rows + 3;
             if (f == WF_MXFP4 && cols % 32) continue;
             void *w = NULL, *sc = NULL;

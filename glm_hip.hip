@@ -1043,7 +1043,7 @@ static void plan_split(GpuModel *g, const size_t *layer_bytes, size_t head_bytes
     }
 }
 
-static void rope_table(const Config *c, int T, float *out) { /* glm.c rope()'s angles */
+static void rope_table(const Config *c, int T, float *out) { /* glm.c rope_angles(), per position */
     int dims = c->qk_rope;
     for (int p = 0; p < T; p++)
         for (int i = 0; i < dims / 2; i++) {

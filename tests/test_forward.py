@@ -431,6 +431,12 @@ def t_bench_json(extra):
               "weights_read_gbs", "decode_weights_bw_ratio"):
         check(k in r and isinstance(r[k], (int, float)) and math.isfinite(r[k]) and r[k] > 0, "bench: %s = %r" % (k, r.get(k)))
     check(r.get("precision") == os.environ.get("GLM_PRECISION", "fp32"), "bench precision %r" % r.get("precision"))
+    # the reported prefill is the median of its timed runs (each printed to 4 digits)
+    runs = r.get("prefill_peak_ratio_runs")
+    check(isinstance(runs, list) and len(runs) == 3 and all(isinstance(x, (int, float)) and math.isfinite(x) and x > 0 for x in runs),
+          "prefill_peak_ratio_runs %r" % (runs,))
+    check(abs(sorted(runs)[1] - r["prefill_peak_ratio"]) <= 1e-3 * r["prefill_peak_ratio"],
+          "prefill_peak_ratio %r is not the median of %r" % (r["prefill_peak_ratio"], runs))
     # the read's mean over its passes can be no faster than its fastest pass, so decode's
     # ratio to the fastest passes is the smaller one (both printed to 4 digits)
     best = r.get("read_bw_best_gbs")

@@ -305,9 +305,12 @@ static int test_set(const char *want) {
         snprintf(what, sizeof what, "round_bf16 n=%d", n);
         check(what, bad == 0, bad);
     }
-    /* the bf16 micro-kernel: exact products of bf16 inputs, fp32 sums */
-    for (int c = 0; c < 6 && simd.gemm_panel_bf16; c++) {
-        int n = gemm_cases[c][0], K = (gemm_cases[c][1] + 1) & ~1, nj = gemm_cases[c][2], ldx = K + 4, ldy = nj + 5;
+    /* the bf16 micro-kernel: exact products of bf16 inputs, fp32 sums; token counts that
+     * reach every tile (12, 8, 4, 1 tokens: 20 = 12 + 8, 47 = 3 x 12 + 8 + 3) */
+    const int bf16_cases[][3] = {{1, 1, 32}, {5, 7, 17}, {17, 33, 32}, {29, 100, 9}, {64, 512, 32}, {3, 513, 16},
+                                 {20, 64, 32}, {47, 96, 19}};
+    for (int c = 0; c < 8 && simd.gemm_panel_bf16; c++) {
+        int n = bf16_cases[c][0], K = (bf16_cases[c][1] + 1) & ~1, nj = bf16_cases[c][2], ldx = K + 4, ldy = nj + 5;
         uint16_t *P = malloc((size_t)K * 32 * 2), *X = malloc((size_t)n * ldx * 2);
         float *Y = malloc((size_t)n * ldy * 4);
         for (int i = 0; i < K * 32; i++) P[i] = f32_to_bf16(rndf());

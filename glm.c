@@ -1532,7 +1532,7 @@ static void layernorm(float *y, const float *x, const float *w, const float *b, 
  * token shares them (one pow and sincos per pair and head, on one thread, cost a 512-token
  * prefill 3.5%). Angles in double: at long context the fp32 product loses ~0.03 rad on
  * the fastest frequency. */
-static void rope_angles(float *cs, int dims, int pos, double theta) { /* cs: [dims/2][cos, sin] */
+void rope_angles(float *cs, int dims, int pos, double theta) { /* cs: [dims/2][cos, sin] */
     for (int i = 0; i < dims / 2; i++) {
         double ang = (double)pos * pow(theta, -2.0 * i / dims);
         cs[2 * i] = (float)cos(ang);
@@ -1914,8 +1914,6 @@ static void swiglu_act(float *h_gate, const float *h_up, size_t m) {
     for (size_t i = 0; i < m; i++) h_gate[i] = silu(h_gate[i]) * h_up[i];
 }
 
-static void add_into(float *y, const float *x, int n) { for (int i = 0; i < n; i++) y[i] += x[i]; }
-
 static void swiglu(float *y, const float *x, const Mat *gate, const Mat *up, const Mat *down, float *h1, float *h2, int n, float *pool_xs) {
     const Product gate_up[2] = {{h1, x, gate}, {h2, x, up}};
     matmul_pool(gate_up, 2, n, pool_xs);
@@ -2040,13 +2038,13 @@ static void forward(const Model *m, KVCache *kv, RunState *s, const int *tokens,
             for (int t = 0; t < B; t++) rmsnorm(s->a + (size_t)t * H, s->x + (size_t)t * H, L->input_norm, H, c->rms_eps);
             attention(m, L, kv, s, l, B, pos0);
 #pragma omp parallel for if (B > 1)
-            for (int t = 0; t < B; t++) add_into(s->x + (size_t)t * H, s->out + (size_t)t * H, H);
+            for (int t = 0; t < B; t++) axpy(s->x + (size_t)t * H, 1.0f, s->out + (size_t)t * H, H); /* x += out */
 #pragma omp parallel for if (B > 1)
             for (int t = 0; t < B; t++) rmsnorm(s->a + (size_t)t * H, s->x + (size_t)t * H, L->post_norm, H, c->rms_eps);
             if (c->dense[l]) swiglu(s->out, s->a, &L->gate, &L->up, &L->down, s->h1, s->h2, B, s->pool_xs);
             else moe(m, L, s, s->a, s->out, B);
 #pragma omp parallel for if (B > 1)
-            for (int t = 0; t < B; t++) add_into(s->x + (size_t)t * H, s->out + (size_t)t * H, H);
+            for (int t = 0; t < B; t++) axpy(s->x + (size_t)t * H, 1.0f, s->out + (size_t)t * H, H); /* x += out */
         }
         kv->pos += B;
         if (all_logits) {
@@ -2824,6 +2822,7 @@ static int cmd_bench(int argc, char **argv) {
      * prefill ran 36% slower than theirs while the short peak loops around it lost only
      * 10% (notes/2026-12-06-prefill-ab-2.txt). */
     enum { PREFILL_RUNS = 3 };
+    _Static_assert(PREFILL_RUNS == 3, "the table and --json below print three runs' ratios");
     double t_run[PREFILL_RUNS], flops_run[PREFILL_RUNS], peak_run[PREFILL_RUNS], ratio_run[PREFILL_RUNS];
     double peak_before = kernels.fma_peak();
     for (int r = 0; r < PREFILL_RUNS; r++) {

@@ -194,6 +194,9 @@ float fp8_e4m3_to_f32(uint8_t b);
 extern float e8m0_table[256], fp8_table[256];   /* filled by number_tables_init() */
 void number_tables_init(void);
 void mat_dequant_row(const Mat *W, int r, float *out);
+/* RoPE (§3.2): cs[2i], cs[2i+1] = cos, sin of pos·theta^(-2i/dims), i < dims/2 (glm.c; the GPU path
+ * builds its table of positions from it) */
+void rope_angles(float *cs, int dims, int pos, double theta);
 
 /* GPU forward pass (glm_hip.hip; linked only into the GLM_GPU builds: make hip | cuda | emu).
  * gpu_load prints the plan (layers and bytes per device), stops if it does not fit,

@@ -1043,14 +1043,8 @@ static void plan_split(GpuModel *g, const size_t *layer_bytes, size_t head_bytes
     }
 }
 
-static void rope_table(const Config *c, int T, float *out) { /* glm.c rope_angles(), per position */
-    int dims = c->qk_rope;
-    for (int p = 0; p < T; p++)
-        for (int i = 0; i < dims / 2; i++) {
-            double ang = (double)p * pow(c->rope_theta, -2.0 * i / dims);
-            out[(size_t)p * dims + 2 * i] = (float)cos(ang);
-            out[(size_t)p * dims + 2 * i + 1] = (float)sin(ang);
-        }
+static void rope_table(const Config *c, int T, float *out) { /* out: [T][qk_rope], glm.c's angles per position */
+    for (int p = 0; p < T; p++) rope_angles(out + (size_t)p * c->qk_rope, c->qk_rope, p, c->rope_theta);
 }
 
 extern "C" GpuModel *gpu_load(const Model *m, int n_gpus, int ctx) {

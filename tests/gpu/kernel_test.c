@@ -172,12 +172,7 @@ static void test_norms_rope(void) {
         Config c;
         memset(&c, 0, sizeof c);
         c.qk_rope = dr; c.rope_theta = theta;
-        for (int p = 0; p <= pos; p++)
-            for (int i = 0; i < dr / 2; i++) {
-                double ang = (double)p * pow(theta, -2.0 * i / dr);
-                table[(size_t)p * dr + 2 * i] = (float)cos(ang);
-                table[(size_t)p * dr + 2 * i + 1] = (float)sin(ang);
-            }
+        for (int p = 0; p <= pos; p++) rope_angles(table + (size_t)p * dr, dr, p, theta);
         layernorm(ref, x, w, b, d, 1e-6f);
         float cs[64];
         rope_angles(cs, dr, pos, theta);
@@ -194,12 +189,7 @@ static void test_norms_rope(void) {
         memcpy(qr, q, sizeof q);
         rope_angles(cs, qdr, pos, theta);
         for (int h = 0; h < nh; h++) rope(qr + h * qd + off, qdr, cs);
-        for (int p = 0; p <= pos; p++)
-            for (int i = 0; i < qdr / 2; i++) {
-                double ang = (double)p * pow(theta, -2.0 * i / qdr);
-                table[(size_t)p * qdr + 2 * i] = (float)cos(ang);
-                table[(size_t)p * qdr + 2 * i + 1] = (float)sin(ang);
-            }
+        for (int p = 0; p <= pos; p++) rope_angles(table + (size_t)p * qdr, qdr, p, theta);
         gpuk_rope(q, nh, qd, off, qdr, pos, table);
         snprintf(name, sizeof name, "rope q heads pos %d", pos);
         e = rel_rows(qr, q, nh, qd);

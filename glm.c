@@ -1127,6 +1127,15 @@ static void axpy(float *y, float a, const float *x, int n) {
     for (int i = 0; i < n; i++) y[i] += a * x[i];
 }
 
+/* x = softmax(x) in place; the max is subtracted first, so no e^x overflows */
+static void softmax(float *x, int n) {
+    if (kernels.softmax) { kernels.softmax(x, n); return; }
+    float mx = -INFINITY, sum = 0.0f;
+    for (int j = 0; j < n; j++) if (x[j] > mx) mx = x[j];
+    for (int j = 0; j < n; j++) { x[j] = expf(x[j] - mx); sum += x[j]; }
+    for (int j = 0; j < n; j++) x[j] /= sum;
+}
+
 /* Rows r..r+nj-1 of W (nj <= 32) dequantized into rows[32][cols], then transposed into
  * the k-major panel[k*32 + j] the prefill micro-kernels stream through; lanes past nj
  * hold zeros. */
@@ -1822,12 +1831,7 @@ static void mla_attend_absorbed(const Model *m, const Layer *L, const KVCache *k
                     for (int h = 0; h < nh; h++) score[(size_t)h * lds + j] = dot(qa + (size_t)h * AD, row, AD) * scale;
                 }
             }
-            for (int h = 0; h < nh; h++) { /* softmax over the selected keys */
-                float *sc = score + (size_t)h * lds, mx = -INFINITY, sum = 0.0f;
-                for (int j = 0; j < ns; j++) if (sc[j] > mx) mx = sc[j];
-                for (int j = 0; j < ns; j++) { sc[j] = expf(sc[j] - mx); sum += sc[j]; }
-                for (int j = 0; j < ns; j++) sc[j] /= sum;
-            }
+            for (int h = 0; h < nh; h++) softmax(score + (size_t)h * lds, ns); /* over the selected keys */
             if (bf16 && attn_gemm) { /* o[h] = Σ_j p[h][j] · row j[0:KR]: the k of this product
                                       * runs down the key rows, interleaved in pairs 32 columns
                                       * at a time; the probabilities stream through */

@@ -252,6 +252,7 @@ typedef struct {
      * token's MLA absorb (q_abs = W_UKᵀ·q_nope); BF16 rows only */
     void (*matvec_transposed_bf16)(const Mat *W, int r0, int nr, const float *x, float *y);
     float (*dot)(const float *a, const float *b, int n);
+    void (*softmax)(float *x, int n);                         /* x = softmax(x), in place */
     void (*axpy)(float *y, float a, const float *x, int n);   /* y += a·x */
     /* machine measurements for glm bench (never NULL) */
     double (*read_bandwidth)(const ReadRun *runs, int n_runs); /* bytes/s, all threads */

@@ -1605,6 +1605,21 @@ static float index_score(const float *q, const float *w, const float *k, int IH,
     return sum;
 }
 
+/* The same score from the heads' dot products of n keys, d[j*32 + h] = q_h·k_j (32 floats
+ * a key, heads past nh zero: the GEMM's output): out[j] = Σ_h wh[h]·ReLU(d[j*32+h]·q_scale),
+ * wh[h] = w_h / sqrt(IH), zero past nh. */
+static void index_relu_sums(const float *d, int n, const float *wh, int nh, float q_scale, float *out) {
+    if (kernels.index_relu_sums) { kernels.index_relu_sums(d, n, wh, q_scale, out); return; }
+    for (int j = 0; j < n; j++) {
+        float sum = 0.0f;
+        for (int h = 0; h < nh; h++) {
+            float x = d[(size_t)j * 32 + h] * q_scale;
+            sum += wh[h] * (x > 0.0f ? x : 0.0f);
+        }
+        out[j] = sum;
+    }
+}
+
 /* Token t of the chunk (visible keys 0..visible-1 of the layer's indexer-key cache):
  * index scores of every visible key, the top index_topk into s->sel. by_key: the keys
  * split across threads. */
@@ -1627,20 +1642,15 @@ static void index_token(const Config *c, const float *cache, int ctx, RunState *
             else memcpy(qh + (size_t)h * ID, q + (size_t)h * ID, (size_t)ID * sizeof(float));
         kernels.pack_panel(qh, ID, ID, qt);
         const float q_scale = 1.0f / sqrtf((float)ID), w_scale = 1.0f / sqrtf((float)IH);
+        float wh[32] = {0}; /* the heads' weights as index_score scales them; zero past IH */
+        for (int h = 0; h < IH; h++) wh[h] = w[h] * w_scale;
 #pragma omp parallel for schedule(dynamic, 1) if (by_key && visible > 512)
         for (int j0 = 0; j0 < visible; j0 += 256) {
             int nk = visible - j0 < 256 ? visible - j0 : 256;
             float *kh = g_panel + (size_t)thread_id() * g_panel_stride + (size_t)ID * 32; /* after qt */
             memset(kh, 0, (size_t)nk * 32 * sizeof(float));
             kernels.gemm_panel(qt, 32, ID, cache + (size_t)j0 * ID, ID, nk, kh, 32, IH);
-            for (int j = 0; j < nk; j++) { /* Σ_h w_h · relu(q_h·k / sqrt(ID)), as index_score */
-                float sum = 0.0f;
-                for (int h = 0; h < IH; h++) {
-                    float d = kh[(size_t)j * 32 + h] * q_scale;
-                    sum += (w[h] * w_scale) * (d > 0.0f ? d : 0.0f);
-                }
-                score[j0 + j] = sum;
-            }
+            index_relu_sums(kh, nk, wh, IH, q_scale, score + j0);
         }
     } else {
 #pragma omp parallel for schedule(static) if (by_key && visible > 256)

@@ -253,6 +253,9 @@ typedef struct {
     void (*matvec_transposed_bf16)(const Mat *W, int r0, int nr, const float *x, float *y);
     float (*dot)(const float *a, const float *b, int n);
     void (*softmax)(float *x, int n);                         /* x = softmax(x), in place */
+    /* out[j] = Σ_h wh[h]·max(d[j*32 + h]·q_scale, 0), h < 32, j < n: the indexer's score of n
+     * keys from their 32 heads' dot products (wh zero past the real heads) */
+    void (*index_relu_sums)(const float *d, int n, const float *wh, float q_scale, float *out);
     void (*axpy)(float *y, float a, const float *x, int n);   /* y += a·x */
     /* machine measurements for glm bench (never NULL) */
     double (*read_bandwidth)(const ReadRun *runs, int n_runs); /* bytes/s, all threads */

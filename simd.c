@@ -159,6 +159,19 @@ AVX512 static void softmax_avx512(float *x, int n) {
     if (tail) _mm512_mask_storeu_ps(x + i, tail, _mm512_mul_ps(_mm512_maskz_loadu_ps(tail, x + i), inv));
 }
 
+/* The indexer's score of n keys (glm.c, index_relu_sums): a key's 32 head products are
+ * two vectors, so its weighted ReLU sum is 2 multiplies, 2 maxes, a multiply and an FMA and
+ * one horizontal add, where the scalar loop took ~4 operations per head. Scalar, it was
+ * 5.6% of a 4096-token prefill's samples. */
+AVX512 static void index_relu_sums_avx512(const float *d, int n, const float *wh, float q_scale, float *out) {
+    const __m512 w0 = _mm512_loadu_ps(wh), w1 = _mm512_loadu_ps(wh + 16), qs = _mm512_set1_ps(q_scale), zero = _mm512_setzero_ps();
+    for (int j = 0; j < n; j++) {
+        __m512 a = _mm512_max_ps(_mm512_mul_ps(_mm512_loadu_ps(d + (size_t)j * 32), qs), zero);
+        __m512 b = _mm512_max_ps(_mm512_mul_ps(_mm512_loadu_ps(d + (size_t)j * 32 + 16), qs), zero);
+        out[j] = _mm512_reduce_add_ps(_mm512_fmadd_ps(a, w0, _mm512_mul_ps(b, w1)));
+    }
+}
+
 AVX512 static void axpy_f32_avx512(float *y, float a, const float *x, int n) {
     __m512 av = _mm512_set1_ps(a);
     int i = 0;
@@ -1047,7 +1060,7 @@ void kernels_init(const char *want) {
     if (cpu_has_avx512()) {
         Kernels k = {.name = "AVX-512", .matvec = matvec_avx512, .dequant_row = dequant_row_avx512, .gemm_panel = gemm_panel_avx512,
                      .pack_panel = pack_panel_avx512, .matvec_transposed_bf16 = matvec_transposed_bf16_avx512,
-                     .dot = dot_f32_avx512, .axpy = axpy_f32_avx512, .softmax = softmax_avx512,
+                     .dot = dot_f32_avx512, .axpy = axpy_f32_avx512, .softmax = softmax_avx512, .index_relu_sums = index_relu_sums_avx512,
                      .read_bandwidth = read_bandwidth_avx512, .fma_peak = fma_peak_avx512};
         if (__builtin_cpu_supports("avx512bf16")) {
             k.name = "AVX-512 (+BF16)";

@@ -373,5 +373,29 @@ static int test_set(const char *want) {
         else check(what, isnan(x[0]) && isnan(x[7]), 0);
         free(x); free(ref);
     }
+    /* the indexer's weighted ReLU sums: 32 head products a key, heads past nh zero (as
+     * the GEMM leaves them), weights of both signs */
+    const int ix_cases[][2] = {{1, 32}, {5, 32}, {256, 32}, {300, 8}, {17, 1}};
+    for (int c = 0; c < 5 && simd.index_relu_sums; c++) {
+        int n = ix_cases[c][0], nh = ix_cases[c][1];
+        float *d = malloc((size_t)n * 32 * 4), wh[32] = {0}, *out = malloc((size_t)n * 4);
+        for (int i = 0; i < n * 32; i++) d[i] = i % 32 < nh ? 4 * rndf() : 0.0f;
+        for (int h = 0; h < nh; h++) wh[h] = rndf();
+        simd.index_relu_sums(d, n, wh, 0.0883883f, out);
+        double worst = 0;
+        for (int j = 0; j < n; j++) {
+            double ref = 0, mag = 1e-30;
+            for (int h = 0; h < 32; h++) {
+                double x = (double)(d[(size_t)j * 32 + h] * 0.0883883f), p = wh[h] * (x > 0 ? x : 0);
+                ref += p; mag += fabs(p);
+            }
+            double e = fabs(out[j] - ref) / mag;
+            if (e > worst) worst = e;
+        }
+        char what[64];
+        snprintf(what, sizeof what, "index_relu_sums n=%d heads=%d", n, nh);
+        check(what, worst < 1e-6, worst);
+        free(d); free(out);
+    }
     return 0;
 }

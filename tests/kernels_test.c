@@ -352,24 +352,26 @@ static int test_set(const char *want) {
     /* softmax (attention's, over the selected keys) against double exp: lengths around the
      * vector width, random scores; a ramp from 0 to -105 that takes e^x through its whole
      * range down to zero; a NaN that must stay NaN */
-    const int sm_lengths[] = {1, 2, 15, 16, 17, 31, 100, 2048, 2049, 2100};
+    enum { RANDOM, RAMP, RAMP_NAN };
+    const int sm_cases[][2] = {{1, RANDOM}, {2, RANDOM}, {15, RANDOM}, {16, RANDOM}, {17, RANDOM}, {31, RANDOM},
+                               {100, RANDOM}, {2048, RANDOM}, {2049, RANDOM}, {2100, RAMP}, {2100, RAMP_NAN}};
     for (int c = 0; c < 11 && simd.softmax; c++) {
-        int n = c < 10 ? sm_lengths[c] : 2100;
+        int n = sm_cases[c][0], kind = sm_cases[c][1];
         float *x = malloc((size_t)n * 4);
         double *ref = malloc((size_t)n * 8), mx = -INFINITY, sum = 0;
-        for (int i = 0; i < n; i++) x[i] = c < 9 ? 30.0f * rndf() : -0.05f * (float)i;
-        if (c == 10) x[7] = NAN;
+        for (int i = 0; i < n; i++) x[i] = kind == RANDOM ? 30.0f * rndf() : -0.05f * (float)i;
+        if (kind == RAMP_NAN) x[7] = NAN;
         for (int i = 0; i < n; i++) mx = x[i] > mx ? x[i] : mx;
         for (int i = 0; i < n; i++) sum += ref[i] = exp((double)(x[i] - (float)mx)); /* the difference in fp32, as both loops take it */
         simd.softmax(x, n);
         double worst = 0;
-        for (int i = 0; i < n && c < 10; i++) {
+        for (int i = 0; i < n && kind != RAMP_NAN; i++) {
             double e = fabs(x[i] - ref[i] / sum) / (ref[i] / sum + 1e-37 / 2e-6);
             if (e > worst) worst = e;
         }
         char what[64];
-        snprintf(what, sizeof what, c < 10 ? "softmax n=%d" : "softmax n=%d with a NaN", n);
-        if (c < 10) check(what, worst < 5e-7, worst); /* measured up to 1.8e-7 */
+        snprintf(what, sizeof what, kind != RAMP_NAN ? "softmax n=%d" : "softmax n=%d with a NaN", n);
+        if (kind != RAMP_NAN) check(what, worst < 5e-7, worst); /* measured up to 1.8e-7 */
         else check(what, isnan(x[0]) && isnan(x[7]), 0);
         free(x); free(ref);
     }

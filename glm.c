@@ -983,9 +983,13 @@ void model_free(Model *m) {
 
 /* Prompts run in chunks of this many tokens: each weight panel is dequantized once
  * per chunk, so larger chunks amortize it better, and each expert sees more of the
- * chunk's tokens (measured: 512 prefills 512 tokens 1.07x faster than 256); activations
- * take ~0.65 MB per token of chunk at GLM-5.2's widths (~340 MB). */
-#define PREFILL_CHUNK 512
+ * chunk's tokens. GLM-5.2 routes a token to 8 of 256 experts, so a chunk of 2048 gives
+ * an expert 64 tokens on average, 512 only 16 (the few-token path, ~0.8x the FMA peak).
+ * Measured on 2048-token prompts (notes/speed.md, sixteenth session): 1.20-1.28x faster
+ * than 512-token chunks with 256 experts, 1.06-1.10x with 64; 4096 no faster than 2048.
+ * The cost is memory: activations take ~0.65 MB per token of chunk at GLM-5.2's widths
+ * (~1.3 GB; a context shorter than the chunk sizes them to the context instead). */
+#define PREFILL_CHUNK 2048
 #define PANEL_KC 512 /* columns of a panel chunk: 32 rows x 512 stay in L1/L2 with the tokens' slice */
 #define ROWS_MAX_TOKENS 64 /* up to this many tokens a bf16 product skips the panel (gemm_rows_bf16) */
 

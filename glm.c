@@ -985,7 +985,7 @@ void model_free(Model *m) {
  * per chunk, so larger chunks amortize it better, and each expert sees more of the
  * chunk's tokens. GLM-5.2 routes a token to 8 of 256 experts, so a chunk of 2048 gives
  * an expert 64 tokens on average, 512 only 16 (the few-token path, ~0.8x the FMA peak).
- * Measured on 2048-token prompts (notes/speed.md, sixteenth session): 1.20-1.28x faster
+ * Measured on 2048-token prompts (notes/speed.md, sixteenth session): 1.08-1.28x faster
  * than 512-token chunks with 256 experts, 1.06-1.10x with 64; 4096 no faster than 2048.
  * The cost is memory: activations take ~0.65 MB per token of chunk at GLM-5.2's widths
  * (~1.3 GB; a context shorter than the chunk sizes them to the context instead). */

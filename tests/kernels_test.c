@@ -355,7 +355,7 @@ static int test_set(const char *want) {
     enum { RANDOM, RAMP, RAMP_NAN };
     const int sm_cases[][2] = {{1, RANDOM}, {2, RANDOM}, {15, RANDOM}, {16, RANDOM}, {17, RANDOM}, {31, RANDOM},
                                {100, RANDOM}, {2048, RANDOM}, {2049, RANDOM}, {2100, RAMP}, {2100, RAMP_NAN}};
-    for (int c = 0; c < 11 && simd.softmax; c++) {
+    for (int c = 0; c < (int)(sizeof sm_cases / sizeof sm_cases[0]) && simd.softmax; c++) {
         int n = sm_cases[c][0], kind = sm_cases[c][1];
         float *x = malloc((size_t)n * 4);
         double *ref = malloc((size_t)n * 8), mx = -INFINITY, sum = 0;
@@ -378,7 +378,7 @@ static int test_set(const char *want) {
     /* the indexer's weighted ReLU sums: 32 head products a key, heads past nh zero (as
      * the GEMM leaves them), weights of both signs */
     const int ix_cases[][2] = {{1, 32}, {5, 32}, {256, 32}, {300, 8}, {17, 1}};
-    for (int c = 0; c < 5 && simd.index_relu_sums; c++) {
+    for (int c = 0; c < (int)(sizeof ix_cases / sizeof ix_cases[0]) && simd.index_relu_sums; c++) {
         int n = ix_cases[c][0], nh = ix_cases[c][1];
         float *d = malloc((size_t)n * 32 * 4), wh[32] = {0}, *out = malloc((size_t)n * 4);
         for (int i = 0; i < n * 32; i++) d[i] = i % 32 < nh ? 4 * rndf() : 0.0f;

@@ -2180,7 +2180,7 @@ static void usage(void) {
             "  synth    OUT_DIR [--layers N] [--experts E] [--format mxfp4|bf16]   random real-width checkpoint\n"
             "  convert  IN_DIR OUT_DIR [--attn] [--all-linear]  BF16/FP8 checkpoint -> Quark MXFP4\n"
             "options: --ctx N (context length, default 4096), -t N (threads), --tokenizer FILE (default DIR/tokenizer.json)\n"
-            "         --no-mmap: read the weights into 2 MB-page memory instead of mapping the files (faster decode, RAM for a copy)\n"
+            "         --no-mmap: read the weights into 2 MB-page memory instead of mapping the files (2 MB pages whatever the cache holds; RAM for a copy)\n"
             "         --fp32: weight products in fp32 (default where the CPU has AVX512-BF16: activations rounded to\n"
             "           bf16, ~2x faster prefill and faster decode, ~1e-3 relative error; --bf16 asks for it,\n"
             "           GLM_PRECISION=fp32|bf16 sets the default)\n"

@@ -2592,6 +2592,7 @@ static int cmd_compare(int argc, char **argv) {
     rest[nrest++] = argv[0];
     rest[nrest++] = argv[1];
     for (int i = 2; i < argc; i++) {
+        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) { usage(); exit(0); } /* before the -m count */
         if (!strcmp(argv[i], "-m") && i + 1 < argc) {
             if (nd == 2) glm_fatal("compare: give exactly two -m DIR");
             dirs[nd++] = argv[++i];

@@ -167,10 +167,14 @@ int synth_main(int argc, char **argv) {
     const char *out = NULL, *format = "mxfp4", *tokenizer = NULL;
     int layers = 2, experts = 256, dense_layers = 1, ctx = 1048576, tiny = 0;
     uint64_t seed = 1;
+    static const char usage[] = "usage: glm synth OUT_DIR [--layers N] [--experts E] [--dense K] [--format mxfp4|bf16] [--seed S] [--tiny] [--tokenizer FILE]";
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i];
         if (f[0] != '-') { if (out) glm_fatal("synth: unexpected argument '%s'", f); out = f; continue; }
+        if (!strcmp(f, "-h") || !strcmp(f, "--help")) { puts(usage); return 0; }
         if (!strcmp(f, "--tiny")) { tiny = 1; continue; }
+        if (strcmp(f, "--layers") && strcmp(f, "--experts") && strcmp(f, "--dense") && strcmp(f, "--seed") && strcmp(f, "--tokenizer") && strcmp(f, "--format"))
+            glm_fatal("synth: unknown flag %s", f);
         if (i + 1 >= argc) glm_fatal("%s: missing value", f);
         const char *v = argv[++i];
         char *end;
@@ -184,7 +188,7 @@ int synth_main(int argc, char **argv) {
         else if (!strcmp(f, "--format")) { if (strcmp(v, "mxfp4") && strcmp(v, "bf16")) glm_fatal("--format %s: expected mxfp4 or bf16", v); format = v; }
         else glm_fatal("synth: unknown flag %s", f);
     }
-    if (!out) glm_fatal("synth: usage: glm synth OUT_DIR [--layers N] [--experts E] [--dense K] [--format mxfp4|bf16] [--seed S] [--tiny] [--tokenizer FILE]");
+    if (!out) glm_fatal("synth: %s", usage);
     if (dense_layers > layers) dense_layers = layers;
     if (mkdir(out, 0755) != 0 && errno != EEXIST) glm_fatal("%s: cannot create: %s", out, strerror(errno));
 

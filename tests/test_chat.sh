@@ -2,7 +2,8 @@
 # glm chat and glm run -p on a tiny random model that uses the real GLM-5.2 tokenizer:
 # - multi-turn chat keeps the KV cache (turn 2 runs only its new tokens) and produces
 #   exactly what re-reading the whole conversation from scratch produces;
-# - run -p streams text; invalid UTF-8 and an over-long prompt fail with one line.
+# - run -p streams text; invalid UTF-8 and an over-long prompt fail with one line;
+# - every command answers --help (usage, exit 0); glm synth names an unknown flag.
 export GLM_PRECISION="${GLM_PRECISION:-fp32}" # compared with an fp32 reference (see test.sh)
 set -u
 cd "$(dirname "$0")/.."
@@ -36,5 +37,14 @@ $GLM run -m "$out/m" -p "a b c d e f g h i j k l m n o p" --ctx 4 >/dev/null 2>"
 ok "$([ $rc = 1 ] && [ "$(wc -l < "$out/e2")" = 1 ] && grep -q -- '--ctx' "$out/e2" && echo 1 || echo 0)" "run_prompt_longer_than_ctx"
 $GLM chat -m "$out/m" --tokenizer "$out/none.json" </dev/null >/dev/null 2>"$out/e3"; rc=$?
 ok "$([ $rc = 1 ] && [ "$(wc -l < "$out/e3")" = 1 ] && grep -q 'none.json' "$out/e3" && echo 1 || echo 0)" "chat_missing_tokenizer"
+# every command answers --help with its usage and exit code 0 (synth and compare once took
+# it for a flag with a value, or counted -m first); an unknown synth flag is named as unknown,
+# also last on the line (it was "--bogus: missing value")
+for c in run chat logits bench compare synth convert tokenize; do
+    $GLM $c --help >"$out/h.out" 2>"$out/h.err"; rc=$?
+    ok "$([ $rc = 0 ] && grep -q "usage: glm" "$out/h.out" "$out/h.err" && ! grep -q 'glm: error' "$out/h.err" && echo 1 || echo 0)" "help_$c"
+done
+$GLM synth "$out/s" --bogus >/dev/null 2>"$out/e4"; rc=$?
+ok "$([ $rc = 1 ] && [ "$(wc -l < "$out/e4")" = 1 ] && grep -q 'unknown flag --bogus' "$out/e4" && [ ! -e "$out/s" ] && echo 1 || echo 0)" "synth_unknown_flag"
 echo "$pass passed, $fail failed"
 [ $fail = 0 ]

@@ -185,8 +185,10 @@ int synth_main(int argc, char **argv) {
         else if (!strcmp(f, "--dense")) { if (bad || x < 0) glm_fatal("--dense %s: expected a count of dense layers", v); dense_layers = (int)x; }
         else if (!strcmp(f, "--seed")) { if (bad) glm_fatal("--seed %s: expected an integer", v); seed = (uint64_t)x; }
         else if (!strcmp(f, "--tokenizer")) tokenizer = v;
-        else if (!strcmp(f, "--format")) { if (strcmp(v, "mxfp4") && strcmp(v, "bf16")) glm_fatal("--format %s: expected mxfp4 or bf16", v); format = v; }
-        else glm_fatal("synth: unknown flag %s", f);
+        else { /* --format, the last flag the check above lets through (as in glm.c's parse_args) */
+            if (strcmp(v, "mxfp4") && strcmp(v, "bf16")) glm_fatal("--format %s: expected mxfp4 or bf16", v);
+            format = v;
+        }
     }
     if (!out) glm_fatal("synth: %s", usage);
     if (dense_layers > layers) dense_layers = layers;

@@ -3,7 +3,7 @@ CC      ?= cc
 CFLAGS  ?= -O2
 WARN     = -std=c11 -Wall -Wextra
 OMP     ?= -fopenmp
-SRC      = glm.c json.c synth.c simd.c convert.c tokenizer.c
+SRC      = glm.c json.c tools/synth.c simd.c tools/convert.c tokenizer.c
 HDR      = glm.h json.h tokenizer.h tokenizer_unicode.h
 
 glm: $(SRC) $(HDR)

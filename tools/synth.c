@@ -12,7 +12,7 @@
  *   bf16   everything BF16
  */
 #define _GNU_SOURCE
-#include "glm.h"
+#include "../glm.h"
 
 #include <errno.h>
 #include <math.h>

@@ -28,8 +28,8 @@
  *     file); a weight's MXFP4 weight_scale goes into the same shard as its weight.
  */
 #define _GNU_SOURCE
-#include "glm.h"
-#include "json.h"
+#include "../glm.h"
+#include "../json.h"
 
 #include <dirent.h>
 #include <errno.h>

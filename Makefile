@@ -3,7 +3,7 @@ CC      ?= cc
 CFLAGS  ?= -O2
 WARN     = -std=c11 -Wall -Wextra
 OMP     ?= -fopenmp
-SRC      = glm.c json.c tools/synth.c simd.c tools/convert.c tokenizer.c
+SRC      = cli.c glm.c model.c fast.c simd.c tokenizer.c json.c tools/bench.c tools/synth.c tools/convert.c
 HDR      = glm.h json.h tokenizer.h tokenizer_unicode.h
 
 glm: $(SRC) $(HDR)
@@ -46,7 +46,7 @@ NVFLAGS   ?= -O3
 comma     := ,
 HIP_ARCHS  = $(foreach a,$(subst $(comma), ,$(GPU_ARCH)),--offload-arch=$(a))
 GPU_COBJ   = $(SRC:%.c=build/gpu/%.o)
-KTEST_COBJ = $(filter-out build/gpu/glm.o,$(GPU_COBJ)) build/gpu/kernel_test.o
+KTEST_COBJ = $(filter-out build/gpu/glm.o build/gpu/cli.o,$(GPU_COBJ)) build/gpu/kernel_test.o
 
 build/gpu/%.o: %.c
 	@mkdir -p build/gpu

@@ -1,7 +1,8 @@
 /* glm.h - the model as data: config, weight matrices, layers, KV cache.
  *
- * Shared by glm.c (loader, CPU forward pass, CLI), convert.c (MXFP4 converter)
- * and glm_hip.hip (GPU forward pass). Shapes are written as [rows, cols] with
+ * Shared by model.c (the loader), glm.c (the forward pass, the reference), fast.c and
+ * simd.c (the fast CPU path), glm_hip.hip (the GPU path), cli.c (the command line) and
+ * the tools (tools/convert.c, tools/synth.c, tools/bench.c). Shapes are written as [rows, cols] with
  * y = W·x, i.e. rows = out features, cols = in features, as in the HF files.
  *
  * Names used in shape comments:
@@ -21,13 +22,13 @@
 #define GLM_MAX_EOS 8
 
 /* ------------------------------------------------------------------------ */
-/* Configuration: every field read from config.json (GLM5-ARCHITECTURE.md §1). */
+/* Configuration: every field read from config.json (docs/MODEL.md §1). */
 
 typedef struct {
     int vocab_size;          /* V: rows of embed_tokens and lm_head */
     int hidden;              /* H */
     int n_layers;            /* decoder layers 0..n_layers-1; the MTP layer (if any) is n_layers */
-    int n_mtp;               /* num_nextn_predict_layers: loaded-and-ignored */
+    int n_mtp;               /* num_nextn_predict_layers: checked when loading, not run */
     int n_heads;             /* NH */
     int q_lora_rank;         /* QR */
     int kv_lora_rank;        /* KR: the cached latent width */
@@ -144,7 +145,7 @@ typedef struct {
     size_t weight_bytes;     /* all matrices and vectors used by the main forward */
 } Model;
 
-/* KV cache: what each token leaves behind for later tokens (GLM5-ARCHITECTURE.md §4.1). */
+/* KV cache: what each token leaves behind for later tokens (docs/MODEL.md §4.1). */
 typedef struct {
     int ctx;                 /* T: capacity in tokens */
     int pos;                 /* tokens cached so far */
@@ -153,14 +154,21 @@ typedef struct {
 } KVCache;
 
 /* ------------------------------------------------------------------------ */
-/* Shared helpers (glm.c) */
+/* model.c: utilities, number formats, the loader (used by the program and the tools) */
 
-/* One line "glm: error: ..." on stderr, then exit(1). Before exiting it calls
+/* One line "glm: error: ..." on stderr, then exit(1). Before exiting it removes the
+ * file registered with glm_fatal_unlink (a half-written output) and calls
  * glm_fatal_cleanup (if set), e.g. to remove a converter's temporary files. */
 void glm_fatal(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
 extern void (*glm_fatal_cleanup)(void);
+void glm_fatal_unlink(const char *path);                         /* NULL: nothing to remove */
+void *xmalloc(size_t n);                                         /* malloc or glm_fatal */
+void *xcalloc(size_t n, size_t size);
+char *xstrdup(const char *s);
+char *path_join(const char *dir, const char *name);              /* "dir/name", malloc'd */
 double now_s(void);                                              /* monotonic seconds */
 void progress(const char *what, size_t done, size_t total, double t0); /* bar on a tty stderr */
+extern int g_no_mmap;    /* --no-mmap: shards read into memory on 2 MB pages instead of mapped */
 void checkpoint_open(Checkpoint *ck, const char *dir);
 void checkpoint_close(Checkpoint *ck);
 const TensorInfo *checkpoint_find(const Checkpoint *ck, const char *name);
@@ -193,10 +201,124 @@ float e8m0_to_f32(uint8_t s);
 float fp8_e4m3_to_f32(uint8_t b);
 extern float e8m0_table[256], fp8_table[256];   /* filled by number_tables_init() */
 void number_tables_init(void);
-void mat_dequant_row(const Mat *W, int r, float *out);
-/* RoPE (§3.2): cs[2i], cs[2i+1] = cos, sin of pos·theta^(-2i/dims), i < dims/2 (glm.c; the GPU path
- * builds its table of positions from it) */
+void mat_dequant_row(const Mat *W, int r, float *out);   /* row r of W as fp32, plain C */
+
+/* ------------------------------------------------------------------------ */
+/* glm.c: the forward pass, the reference                                   */
+
+/* The activations of one chunk of up to `cap` prompt tokens (one token when decoding);
+ * allocated once (runstate_init), reused for every step. */
+typedef struct {
+    int cap;                 /* tokens per chunk */
+    float *x;                /* [cap][H] residual stream */
+    float *a;                /* [cap][H] normalised input of attention / MLP */
+    float *cq;               /* [cap][QR] normalised q latent (also the indexer's query input) */
+    float *q;                /* [cap][NH*(DN+DR)] per head: q_nope then the roped q_pe */
+    float *ckv;              /* [cap][KR+DR] latent c and k_pe before their norm / rotation */
+    float *q_abs;            /* [cap][NH][KR+DR] absorbed query: W_UKᵀ·q_nope, then q_pe */
+    float *o_lat;            /* [cap][NH][KR] attention output in latent space */
+    float *o_heads;          /* [cap][NH*DV] */
+    float *out;              /* [cap][H] output of attention / MLP before the residual add */
+    float *scores;           /* [threads][T] one thread's indexer or attention scores */
+    float *ix_q;             /* [cap][IH*ID] */
+    float *ix_k;             /* [cap][ID] */
+    float *ix_w;             /* [cap][IH] */
+    int *sel;                /* [cap][topk] key positions each token may attend to */
+    int *n_sel;              /* [cap] */
+    float *router;           /* [cap][E] */
+    int *ex_idx;             /* [cap][n_active] chosen experts */
+    float *ex_w;             /* [cap][n_active] their mixing weights */
+    int *ex_tokens;          /* [cap] (token, slot) pairs routed to the expert being run */
+    float *ex_x;             /* [cap][H] gathered inputs of one expert */
+    float *ex_y;             /* [max(cap, n_active+1)][H] its outputs */
+    float *h1, *h2;          /* [max(cap, n_active+1)][max(FD, n_shared*FI, FI)] SwiGLU hidden */
+    float *logits;           /* [V] the last token's logits (bench scratch) */
+} RunState;
+
+/* One product of a chunk, y[n][W.rows] = x[n][W.cols] · Wᵀ (a row of W per output). */
+typedef struct { float *y; const float *x; const Mat *W; } Product;
+
+/* The heavy ops forward() calls, chosen once at start. glm.c fills the table with its
+ * plain functions (the reference); fast.c's fast_init replaces entries with the fast
+ * CPU path's. Every entry computes what the reference computes, up to summation order
+ * (and bf16 rounding of activations where the fast path uses bf16 products). */
+typedef struct {
+    const char *name;        /* "plain C", or the fast path's kernel set */
+    const char *precision;   /* "fp32" or "bf16": the activations of the weight products */
+    /* y = x · Wᵀ for n tokens */
+    void (*matmul)(float *y, const float *x, const Mat *W, int n);
+    /* several independent products of one chunk (a layer's projections of one input) */
+    void (*matmul_group)(const Product *p, int np, int n);
+    /* the DSA indexer's score of n_keys cached keys [n_keys][ID] for one query token:
+     * q [IH][ID] (roped), w [IH] (head gates) */
+    void (*index_scores)(const Config *c, const float *q, const float *w, const float *keys, int n_keys, float *score);
+    /* absorbed MLA for the chunk's tokens over their selected keys (s->sel): s->q ->
+     * s->o_heads (§4.2) */
+    void (*mla_attend)(const Model *m, const Layer *L, const KVCache *kv, RunState *s, int layer, int n);
+    /* the shared and the routed experts of a MoE layer, routing done (s->ex_idx, s->ex_w) */
+    void (*moe_experts)(const Model *m, const Layer *L, RunState *s, const float *x, float *y, int n);
+    /* scratch for chunks of cap tokens and contexts of ctx (may be NULL) */
+    void (*prepare)(const Config *c, int cap, int ctx);
+    void (*release)(void);
+} Ops;
+extern Ops ops;
+
+/* The reference ops (what `ops` holds unless fast_init replaced them), for the fast path
+ * to fall back on where its kernels do not apply. */
+void matmul(float *y, const float *x, const Mat *W, int n);
+void matmul_group(const Product *p, int np, int n);
+void index_scores(const Config *c, const float *q, const float *w, const float *keys, int n_keys, float *score);
+void mla_attend_absorbed(const Model *m, const Layer *L, const KVCache *kv, RunState *s, int layer, int n);
+void moe_experts(const Model *m, const Layer *L, RunState *s, const float *x, float *y, int n);
+void softmax(float *x, int n);
+/* RoPE (§3.2): cs[2i], cs[2i+1] = cos, sin of pos·theta^(-2i/dims), i < dims/2 (the GPU
+ * path builds its table of positions from it) */
 void rope_angles(float *cs, int dims, int pos, double theta);
+int thread_id(void);      /* this thread's index in the one active OpenMP team (0 outside) */
+
+#define PREFILL_CHUNK 2048  /* tokens of a prompt run together: see runstate_init */
+void runstate_init(RunState *s, const Config *c, int cap, int ctx);
+void runstate_free(RunState *s);
+void kvcache_init(KVCache *kv, const Model *m, int ctx);
+void kvcache_free(KVCache *kv);
+size_t kvcache_bytes(const Model *m, int ctx);
+/* Runs tokens[0..n) at positions kv->pos.. and appends them to the cache. Writes
+ * logits [n][V] if all_logits, else only the last token's [V] (logits may be NULL). */
+void forward(const Model *m, KVCache *kv, RunState *s, const int *tokens, int n, float *logits, int all_logits);
+/* What forward() reads and computes, for the speed reports (not measured: counted
+ * from the shapes): the weight and cache bytes one decoded token reads at cache
+ * position pos, and the FLOPs (2 per multiply-add) of n tokens at positions pos0..
+ * with n_logits rows of logits. */
+double decode_bytes(const Model *m, int pos);
+double forward_flops(const Model *m, int n, int pos0, int n_logits);
+
+typedef struct {
+    float temperature;       /* 0 = greedy */
+    float top_p;             /* nucleus size, 1 = off */
+    uint64_t rng;            /* xorshift64* state */
+    int *order;              /* [V] scratch for top-p */
+} Sampler;
+void sampler_init(Sampler *sp, float temperature, float top_p, uint64_t seed, int vocab);
+void sampler_free(Sampler *sp);
+float random_f32(Sampler *sp);                 /* uniform in [0, 1) */
+int argmax(const float *x, int n);
+int sample(Sampler *sp, float *logits, int V); /* logits are overwritten with probabilities */
+
+typedef struct GpuModel GpuModel;
+/* Everything a generation holds: the model, its cache, the activations, and with --gpu
+ * the devices' copy, where forward and sampling then run. */
+typedef struct {
+    Model model;
+    KVCache kv;
+    RunState state;
+    GpuModel *gpu;           /* NULL: the CPU */
+    const float *gpu_logits; /* the host copy of the device's last logits (session_sample) */
+} Session;
+void session_open(Session *S, const char *dir, int ctx, int n_gpus);
+void session_close(Session *S);
+/* forward() on kv (S->kv unless a second cache), on the GPU when there is one */
+void session_forward(Session *S, KVCache *kv, const int *tokens, int n, float *logits, int all_logits);
+int session_sample(Session *S, Sampler *sp, float *logits);
 
 /* GPU forward pass (glm_hip.hip; linked only into the GLM_GPU builds: make hip | cuda | emu).
  * gpu_load prints the plan (layers and bytes per device), stops if it does not fit,
@@ -204,14 +326,22 @@ void rope_angles(float *cs, int dims, int pos, double theta);
  * glm.c's forward() for tokens at positions pos.. (the caller's kv->pos); the last
  * token's logits stay on the device for gpu_sample, which draws with u uniform in
  * [0, 1) from the CPU's generator. */
-typedef struct GpuModel GpuModel;
 GpuModel *gpu_load(const Model *m, int n_gpus, int ctx);
 void gpu_forward(GpuModel *g, int pos, const int *tokens, int n, float *logits, int all_logits);
 int gpu_sample(GpuModel *g, float temperature, float top_p, float u);
 void gpu_free(GpuModel *g);
 
-/* SIMD kernels (simd.c), chosen at run time; a NULL entry means the plain C loop
- * in glm.c, which is the reference every kernel is tested against. */
+/* ------------------------------------------------------------------------ */
+/* fast.c + simd.c: the fast CPU path                                       */
+
+/* fast_init: once at start, picks the SIMD kernel set (want "c": none, the plain
+ * reference end to end; "avx2": the AVX2 set) and fills `ops` with the fast path's
+ * entries; bf16: weight products with activations rounded to bf16 where the CPU has
+ * AVX512-BF16 (0: fp32 products). */
+void fast_init(const char *want, int bf16);
+
+/* SIMD kernels (simd.c), the fast path's building blocks; a NULL entry means the CPU
+ * has none (the fast path then uses its plain loop or the reference op). */
 /* One stretch of memory for glm bench's streaming read: p 64-byte aligned, n a multiple
  * of 256. The threads take the runs in turn as they free up, as decode takes its rows. */
 typedef struct {
@@ -270,8 +400,19 @@ void matvec_split_x(const Mat *W, const float *x, float *xs);
 void matvec_order_bf16(const Mat *W, const float *x, float *xs);
 void kernels_init(const char *want);   /* want "c" forces the plain loops, "avx2" the AVX2 set */
 
-/* Commands that live in their own files; argv[0] is the command name. */
-int synth_main(int argc, char **argv);   /* synth.c */
-int convert_main(int argc, char **argv); /* convert.c */
+/* ------------------------------------------------------------------------ */
+/* The tools, commands of the glm program (cli.c); argv[0] is the command name. */
+int synth_main(int argc, char **argv);   /* tools/synth.c */
+int convert_main(int argc, char **argv); /* tools/convert.c */
+/* glm bench's settings (cli.c parses them; -t, --fp32 and --no-mmap are applied before) */
+typedef struct {
+    const char *model_dir;
+    int prompt;              /* -P: tokens of the timed prefill */
+    int long_ctx;            /* --long: the context of the second decode */
+    int n_decode;            /* -n: tokens timed at each context */
+    int json;                /* --json */
+    int ctx, n_gpus;         /* --ctx (0: what the runs need), --gpu / --gpus */
+} BenchArgs;
+int bench_run(const BenchArgs *a);       /* tools/bench.c */
 
 #endif

@@ -5,10 +5,11 @@
  *   make cuda   nvcc, NVIDIA (sm_90 by default), through the compatibility section below
  *   make emu    plain C++ on the CPU under tests/hip_emu.h (WARP=32 or 64), for CI
  *
- * It computes the same function as glm.c's forward() (sections 5-6 there), op by op
+ * It computes the same function as glm.c's forward() (sections 1-6 there), op by op
  * and in the same order; the names follow glm.c (matmul, rmsnorm, layernorm, rope,
- * indexer_select + topk_select, mla_attend_absorbed, attention, swiglu, moe_route, moe,
- * forward). The tie rules are part of that function: top-k keeps the higher score,
+ * indexer + topk_select, mla_attend_absorbed, attention, swiglu, moe_route, moe,
+ * forward). Bare § numbers and pitfalls refer to docs/MODEL.md, "glm.c §N" to
+ * glm.c's numbered sections. The tie rules are part of that function: top-k keeps the higher score,
  * then the lower index; the q_a / kv_a latent norms use eps 1e-6; attention is the
  * absorbed MLA over the latent cache restricted to the indexer's selection, and
  * "shared" layers reuse the selection of the last "full" layer (IndexShare).
@@ -119,7 +120,7 @@ extern "C" {
 #define GPU_MAX_DEVICES 16
 
 /* ======================================================================== */
-/* 1. numbers (glm.c §1), decoded with bit operations: no tables in device memory */
+/* 1. numbers (model.c §1), decoded with bit operations: no tables in device memory */
 
 struct DMat {            /* a Mat whose bytes live in device memory */
     int fmt, rows, cols;
@@ -245,7 +246,7 @@ __device__ int block_exclusive_scan(int v, int *total) {
 }
 
 /* ======================================================================== */
-/* 3. matrix products (glm.c §5): y[t][i] = Σ_k x[t][k] · W[r0+i][k]          */
+/* 3. matrix products (glm.c §1): y[t][i] = Σ_k x[t][k] · W[r0+i][k]          */
 /*
  * Few tokens (n <= GEMV_MAXN, decode): waves own rows, lanes stride over 16-byte
  * chunks of a row (one MXFP4 block, 8 BF16, 16 FP8 values), so each weight byte is
@@ -286,7 +287,7 @@ __device__ void gemv_rows1(const DMat &W, const float *x, float *y, int r0, int 
 #if defined(GLM_FP4_CVT) && defined(__gfx950__)
                     /* opt-in (-DGLM_FP4_CVT, MI355X): the hardware converts two nibbles per
                      * instruction (scale 1, so the sum is the same as below). Compiled in CI,
-                     * never run: which nibble lands in .x is unverified (MXFP4-AND-HIP.md §6.6). */
+                     * never run: which nibble lands in .x is unverified (docs/FORMATS.md §6.6). */
                     typedef float f32x2 __attribute__((ext_vector_type(2)));
                     UNROLL for (int k = 0; k < 4; k++) {
                         f32x2 p0 = __builtin_amdgcn_cvt_scalef32_pk_f32_fp4(word[k], 1.0f, 0), p1 = __builtin_amdgcn_cvt_scalef32_pk_f32_fp4(word[k], 1.0f, 1);
@@ -452,7 +453,7 @@ __global__ void __launch_bounds__(BLOCK) k_gemm(DMat W, const float *x, int ldx,
 }
 
 /* ======================================================================== */
-/* 4. small ops (glm.c §6 "small ops")                                       */
+/* 4. small ops (glm.c §2 "small ops")                                       */
 
 /* x[t] = embed[tokens[t]] (glm.c: mat_dequant_row on the embedding) */
 __global__ void __launch_bounds__(BLOCK) k_embed(DMat E, const int *tokens, float *x) {
@@ -751,7 +752,7 @@ __global__ void __launch_bounds__(BLOCK) k_moe_combine(float *y, const float *ex
 }
 
 /* ======================================================================== */
-/* 8. sampling (glm.c §7) on the last device: only the token id comes back   */
+/* 8. sampling (glm.c §9) on the last device: only the token id comes back   */
 
 /* One block. Greedy: the first index of the largest logit. Otherwise softmax at the
  * temperature; with top_p < 1 the candidates (p >= (1-top_p)/(V-1), as glm.c) are

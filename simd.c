@@ -1,4 +1,4 @@
-/* simd.c - AVX-512 versions of the hot loops of glm.c §5, chosen at run time.
+/* simd.c - AVX-512 versions of the fast path's hot loops (fast.c; the plain ops are glm.c's), chosen at run time.
  *
  * Each kernel computes what the plain C loop in glm.c computes (same products, same
  * fp32 accumulation, only the summation order differs; the bf16 kernels: the same on
@@ -134,9 +134,8 @@ AVX512 static inline __m512 exp16(__m512 x) {
 /* x = softmax(x): the plain loop in glm.c (softmax) with 16 lanes, e^x as exp16, and one
  * multiply by 1/sum in place of n divisions. Attention takes a softmax over up to 2048
  * selected keys per head and token: scalar, its expf alone was 2.4% of a 4096-token
- * prefill's samples. In one process, alternating (notes/prefill_lab.c): 512-token prefills
- * 286 -> 295 tok/s, 4096-token prefills 200 -> 217 tok/s. Within 5e-7 of double exp,
- * relative (tests/kernels_test.c). */
+ * prefill's samples; 16 lanes made 4096-token prefills ~8% faster. Within 5e-7 of double
+ * exp, relative (tests/kernels_test.c). */
 AVX512 static void softmax_avx512(float *x, int n) {
     __m512 mx = _mm512_set1_ps(-INFINITY), sum = _mm512_setzero_ps();
     int i = 0;
@@ -182,30 +181,18 @@ AVX512 static void axpy_f32_avx512(float *y, float a, const float *x, int n) {
     }
 }
 
-/* Software prefetch this many bytes ahead in a row's stream, into L2 (hint T2). The
- * hardware prefetcher stops at 4 KB page boundaries and the out-of-order window holds
- * only a few KB of loads at these instruction counts; both leave the memory system idle
- * unless we ask for the next page early. Into L2, not L1: a core tracks only a few dozen
- * L1 misses at once, and prefetches that hold them cap one thread's stream (measured on
- * a BF16 matvec, two threads, when the machine's read loop reached ~50 GB/s: prefetch
- * into L1 0.71 of it, into L2 0.79-0.85, none 0.81; 4 KB ahead beat 8, 16 and 32).
- * The bf16 decode kernels use a distance per format (PREFETCH_AT): measured alternating
- * 1-16 KB on 1 GB matrices of 6144 columns, two threads, the read loop run before and
- * after each pass (README, Speed: how to rebuild with other distances), BF16 rows were best 1-3 KB ahead
- * (2 KB: 0.91 of a ~50 GB/s read, 4 KB 0.89, 8 KB 0.68), FP8 rows 6-16 KB ahead (8 KB:
- * 0.85, 4 KB 0.70, 2 KB 0.49: the FP8 loop spends more instructions per byte, and the
- * short distances lost their lead) and MXFP4 8 KB (0.93 vs 0.86 at 4 KB when the read
- * gave ~33 GB/s; equal at ~50). On the host of 2026-12-04 (unshared cores, reads of
- * 55-85 GB/s) BF16 rows ran fastest with none: in glm bench (a profiling build, per
- * matrix, builds alternating in 6 rounds) every BF16 product 4-25% faster without,
- * wide rows included (one row at a time), while FP8 and MXFP4 rows lost 5-12% without
- * theirs: the hardware prefetcher keeps up with a loop of ~4 instructions per 64 bytes,
- * not with the ~10 of the FP8 and MXFP4 loops. So BF16 has no software prefetch now
- * (AHEAD_BF16 0; -DAHEAD_BF16=2048 puts it back). */
+/* Software prefetch ahead in a row's stream, into L2 (hint T2). The hardware prefetcher
+ * stops at each 4 KB page and the out-of-order window holds only a few KB of loads, so
+ * without help the memory system idles at every page boundary. Into L2, not L1: a core
+ * tracks only a few dozen L1 misses, and prefetches holding them cap a thread's stream.
+ * The distance depends on the loop's instructions per byte: FP8 and MXFP4 rows (~10
+ * instructions per 64 bytes) want 8 KB; BF16 rows (~4) are kept up with by the hardware
+ * prefetcher, and a software prefetch only slowed them. -DAHEAD_BF16=... (and the
+ * others) rebuild with another distance to re-measure on a new machine. */
 #define PREFETCH_AHEAD 4096
 #define PREFETCH(p) _mm_prefetch((const char *)(p) + PREFETCH_AHEAD, _MM_HINT_T2)
 #define PREFETCH_AT(p, ahead) do { if ((ahead) > 0) _mm_prefetch((const char *)(p) + (ahead), _MM_HINT_T2); } while (0) /* ahead 0: none */
-#ifndef AHEAD_BF16 /* overridable (-DAHEAD_BF16=...) to re-measure them; README, Speed */
+#ifndef AHEAD_BF16 /* overridable (-DAHEAD_BF16=...) to re-measure them */
 #define AHEAD_BF16 0
 #endif
 #ifndef AHEAD_FP8
@@ -214,18 +201,12 @@ AVX512 static void axpy_f32_avx512(float *y, float a, const float *x, int n) {
 #ifndef AHEAD_MXFP4
 #define AHEAD_MXFP4 8192
 #endif
-/* Besides, every decode row asks for one line 64 KB ahead of itself (AHEAD_FAR), whatever
- * its format; BF16 rows (which have no per-line prefetch) ask at every 4 KB of the row,
- * its start included. The hardware prefetcher works on physical addresses and stops at each
- * 4 KB page; a load 64 KB ahead starts that page's stream early (and any page walk it
- * needs; this VM exposes no TLB counters to tell which). In glm bench, the builds
- * alternating: one far line per row took decode from 0.875 to 0.951 of the read bandwidth
- * (6 rounds, read 57-71 GB/s); one per 4 KB page of the BF16 rows then took it from 0.970
- * to 1.040 (8 rounds, read 47-56 GB/s, decode 47.9 -> 52.9 GB/s) and, on one thread,
- * where a core's own stream is the limit as on two when memory is fast, from 0.853 to
- * 0.978 (BF16 rows of 12-32 KB: 24-28 -> 32-37 GB/s). FP8 and MXFP4 rows already touch
- * each page 8 KB ahead with their per-line prefetch; a far line per page there too was
- * slower (0.83 vs 0.87 on one thread, 4 rounds). README, Speed. */
+/* Besides, every decode row asks for one line 64 KB ahead of itself (AHEAD_FAR), and
+ * BF16 rows (which have no per-line prefetch) one at every 4 KB of the row: the hardware
+ * prefetcher works on physical pages, and a load 64 KB ahead starts the next page's
+ * stream (and any page walk it needs) early. In glm bench this took decode from ~0.88 to
+ * ~0.95 of the read bandwidth, and the per-page line of BF16 rows a further ~5%. FP8 and
+ * MXFP4 rows already touch each page 8 KB ahead with their per-line prefetch. */
 #ifndef AHEAD_FAR
 #define AHEAD_FAR 65536
 #endif
@@ -729,7 +710,7 @@ BF16 static void gemm_rows_bf16_avx512(const Mat *W, int r0, int nr, const uint1
 
 /* ------------------------------------------------------------------------ */
 /* Decode with bf16 activations (AVX512-BF16, the default where the CPU has it; see
- * glm.c §5). vdpbf16ps multiplies 32 bf16 pairs straight from weight bits, about one
+ * fast.c). vdpbf16ps multiplies 32 bf16 pairs straight from weight bits, about one
  * instruction per 64 bytes of weights after the format's unpacking; the fp32 route
  * above spends several per 64 bytes and, measured on a VM core shared with its
  * neighbours, fell to half of the read bandwidth (BF16 rows: 22 vs 46 GB/s on two
@@ -756,7 +737,7 @@ BF16 static void gemm_rows_bf16_avx512(const Mat *W, int r0, int nr, const uint1
  *          by its 2^(s-127). Four lookups and three shifts per 64 bytes, where two
  *          16-byte vpshufb tables and unpacking took eight shuffles (+10% from memory;
  *          on the Zen 5 measured, shifts and lookups each run 2 per cycle, and mixed
- *          with vdpbf16ps ~3 per cycle in all: notes/speed.md, eighth session).
+ *          with vdpbf16ps ~3 per cycle in all).
  */
 
 /* xb[0..np) = bf16(xs[0..np)), np a multiple of 16 */
@@ -773,9 +754,8 @@ BF16 static void matvec_bf16_avx512(const Mat *W, int r0, int nr, const float *x
         round_x_bf16(xs, np, xb);
         /* One row at a time, also the wide ones (o_proj's 16384 columns, the dense down
          * projection's 12288), whose x (24-32 KB in bf16) no longer stays in L1 beside the
-         * weight stream: on earlier hosts two or four rows per pass (each x line loaded
-         * once for all of them) were up to 1.25x faster there; on the 2026-12-04 host one
-         * row without software prefetch beat two with it by 14-25% (README, Speed). */
+         * weight stream: several rows per pass (each x line loaded once for all of them)
+         * won on some hosts and lost on others; one row keeps a single stream per thread. */
         for (int i = 0; i < nr; i++) {
             const uint16_t *w = (const uint16_t *)W->w + (size_t)(r0 + i) * n;
             __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;

@@ -1,7 +1,7 @@
 /* tokenizer.c - see tokenizer.h. The GLM-5.2 tokenizer, byte for byte like Hugging Face's
  * Rust engine: added tokens, the split regex by hand, byte-level BPE with merge ranks,
  * (streaming) decode, the chat format and the `glm tokenize` subcommand.
- * The step numbers in comments refer to ../shared/docs/TOKENIZER.md. */
+ * The step numbers in comments refer to docs/TOKENIZER.md. */
 #define _POSIX_C_SOURCE 200809L
 #include "tokenizer.h"
 

@@ -1,7 +1,7 @@
 /* tokenizer.h - the GLM-5.2 tokenizer (byte-level BPE) read straight from a Hugging Face
  * tokenizer.json, with exact parity with the HF Rust engine (tokenizers 0.23.2).
  *
- * Encode pipeline (see ../shared/docs/TOKENIZER.md):
+ * Encode pipeline (see docs/TOKENIZER.md):
  *   1. added tokens (36 for GLM: [gMASK], <|user|>, <think>, ...) are split out of the raw
  *      text first, leftmost-longest, and become their ids;
  *   2. each remaining gap goes through the GLM/cl100k split regex, implemented by hand
@@ -78,7 +78,7 @@ size_t tokenizer_stream_push(TokenizerStream *s, const Tokenizer *t, int id, cha
 /* Emits the held-back bytes (if any) as one U+FFFD; returns bytes written (0 or 3). */
 size_t tokenizer_stream_flush(TokenizerStream *s, char *out, size_t cap);
 
-/* Chat prompt rendering (GLM-5.2 format, TOKENIZER.md §1.6; details UNCERTAIN, see there):
+/* Chat prompt rendering (GLM-5.2 format, docs/TOKENIZER.md §1.6; details UNCERTAIN, see there):
  *   [gMASK]<sop>  [<|system|>Reasoning Effort: EFFORT]   (only if thinking && effort)
  *   system:    <|system|>CONTENT
  *   user:      <|user|>CONTENT

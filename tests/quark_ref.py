@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Independent NumPy implementation of AMD Quark's MXFP4 weight quantization.
 
-Written from docs/MXFP4-AND-HIP.md §1.4 and §2.1 only (not from convert.c), to check the
+Written from docs/FORMATS.md §1.4 and §2.1 only (not from convert.c), to check the
 bytes glm convert writes:
 
     packed, scale = quantize(w)      w: float32 [rows, cols], cols a multiple of 32
@@ -80,7 +80,7 @@ def dequantize(packed, scale):
 
 
 def selftest():
-    # the tie table of MXFP4-AND-HIP.md §1.4, with amax 4 so that e = 0
+    # the tie table of docs/FORMATS.md §1.4, with amax 4 so that e = 0
     ties = [0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0]
     want = [0.0, 1.0, 1.0, 2.0, 2.0, 4.0, 4.0]
     row = np.zeros(32, np.float32)

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Independent NumPy float64 reference forward pass for GLM-5.2 (glm_moe_dsa).
 
-Written from docs/GLM5-ARCHITECTURE.md (§1-§4, §7) and docs/MXFP4-AND-HIP.md (§1-§4) only.
+Written from docs/MODEL.md (§1-§4, §7) and docs/FORMATS.md (§1-§4) only.
 
     ref.py logits DIR --ids 1,2,3 -o FILE [--dense]   float32 LE logits [len(ids)][vocab]
     ref.py greedy DIR --ids 1,2,3 -n 32 [--dense]      greedy continuation ids, one line

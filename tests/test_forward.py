@@ -70,10 +70,10 @@ def rel_rows(a, b):
 # --------------------------------------------------------------------------------------
 # running the binary
 
-def run_glm(args, timeout=300):
+def run_glm(args, timeout=300, env=None):
     try:
         p = subprocess.run([GLM] + args, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                           timeout=timeout, env=GLM_ENV)
+                           timeout=timeout, env=dict(GLM_ENV, **(env or {})))
     except subprocess.TimeoutExpired:
         raise Fail("timeout after %ds: glm %s" % (timeout, " ".join(args)))
     out = p.stdout.decode("utf-8", "replace")
@@ -92,13 +92,13 @@ def need_glm():
     check(os.path.isfile(GLM) and os.access(GLM, os.X_OK), "binary %s not found (set GLM=...)" % GLM)
 
 
-def glm_logits(d, ids, extra=(), tag="x"):
+def glm_logits(d, ids, extra=(), tag="x", env=None):
     need_glm()
     out = os.path.join(OUT, "logits-%s.f32" % tag)
     if os.path.exists(out):
         os.remove(out)
     args = ["logits", "-m", d, "--ids", ",".join(str(i) for i in ids), "-o", out] + list(extra)
-    rc, so, se = run_glm(args)
+    rc, so, se = run_glm(args, env=env)
     check(rc == 0, "glm %s: exit %d: %s" % (" ".join(args), rc, se.strip()[-300:]))
     check(os.path.exists(out), "glm logits wrote no %s" % out)
     V = CK[d_to_variant(d)]["cfg"]["vocab_size"]
@@ -389,6 +389,17 @@ def t_decode(v):
     check("glm_logits" in c, "no prefill logits to compare with (prefill test failed)")
     r2 = compare("--decode vs prefill", got, c["glm_logits"], TOL_DECODE)
     return "max rel %.1e vs ref, %.1e vs prefill" % (r1, r2)
+
+
+def t_logits_plain(v):
+    # GLM_KERNELS=c: glm.c's plain reference ops end to end (no SIMD kernel, no fast
+    # path), prefill and one token at a time, against the NumPy reference.
+    c = CK[v]
+    out = []
+    for mode, extra in (("prefill", []), ("decode", ["--decode"])):
+        got = glm_logits(c["dir"], c["ids"], extra, tag=v + "-plain-" + mode, env={"GLM_KERNELS": "c"})
+        out.append("%s max rel %.1e" % (mode, compare("GLM_KERNELS=c %s vs ref" % mode, got, c["ref_logits"], TOL_REF)))
+    return "; ".join(out)
 
 
 def t_logits_bf16(v):
@@ -821,6 +832,7 @@ def main():
         test("logits_%s" % v, t_logits, v)
         test("decode_%s" % v, t_decode, v)
         test("logits_bf16_%s" % v, t_logits_bf16, v)
+        test("logits_plain_%s" % v, t_logits_plain, v)
     test("ctx_limit_ok", t_ctx_ok)
     test("no_mmap_same_logits", t_no_mmap)
     test("bench_json", t_bench_json, [])

@@ -3,7 +3,7 @@
  *   glm convert IN_DIR OUT_DIR [--attn] [--all-linear] [-t N] [--no-sync]
  *
  * Read top to bottom:
- *   1. MXFP4 quantization of one row, exactly as Quark does it (MXFP4-AND-HIP.md §1.4)
+ *   1. MXFP4 quantization of one row, exactly as Quark does it (docs/FORMATS.md §1.4)
  *   2. the plan: what becomes MXFP4, what is converted (FP8 -> BF16), what is copied;
  *      every output header is computed from the input headers before any data is written
  *   3. output files: temporary names, removed on failure or signal, renamed at the end
@@ -50,21 +50,10 @@
 /* ======================================================================== */
 /* small helpers                                                            */
 
-static void *xmalloc(size_t n) {
-    void *p = malloc(n ? n : 1);
-    if (!p) glm_fatal("out of memory allocating %zu bytes", n);
-    return p;
-}
-
 static void *xrealloc(void *p, size_t n) {
     p = realloc(p, n ? n : 1);
     if (!p) glm_fatal("out of memory allocating %zu bytes", n);
     return p;
-}
-
-static char *xstrdup(const char *s) {
-    size_t n = strlen(s) + 1;
-    return memcpy(xmalloc(n), s, n);
 }
 
 static char *xprintf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -127,7 +116,7 @@ static void buf_json_string(Buf *b, const char *s) {
 }
 
 /* ======================================================================== */
-/* 1. MXFP4 quantization (MXFP4-AND-HIP.md §1.4, Quark "even" scale, RNE)   */
+/* 1. MXFP4 quantization (docs/FORMATS.md §1.4, Quark "even" scale, RNE)   */
 
 #define MX_BLOCK 32
 
@@ -280,7 +269,7 @@ static int is_one_of(const char *s, const char *const *list) {
 }
 
 /* Does the user want this weight in MXFP4? By name, in decoder layers 0..n_layers-1 only:
- * the MTP layer (index n_layers) stays as it is, like AMD's release (MXFP4-AND-HIP.md §2.3). */
+ * the MTP layer (index n_layers) stays as it is, like AMD's release (docs/FORMATS.md §2.3). */
 static int wants_mxfp4(const char *name, const Config *c, const Options *o) {
     const char *rest;
     int l = layer_of(name, &rest);
@@ -884,7 +873,7 @@ static void json_remove_member(char *s, const char *key) {
     }
 }
 
-/* Quark's quantization_config for weight-only MXFP4 (MXFP4-AND-HIP.md §2.2). input_tensors is
+/* Quark's quantization_config for weight-only MXFP4 (docs/FORMATS.md §2.2). input_tensors is
  * null: nothing about activations is stored, and the reference semantics are W4A16. */
 static void quark_config(Buf *b, const Plan *p) {
     buf_printf(b,

@@ -2,9 +2,10 @@
  *
  *   build/gpu_ktest64 [MODEL_DIR ...]   (also gpu_ktest32, gpu_ktest_hip, gpu_ktest_cuda)
  *
- * glm.c is included whole (its main renamed), so the CPU side of each check is the
- * very function forward() uses, not a copy: matmul_rows, rmsnorm, layernorm, rope,
- * topk_select, moe_route, sample, attention, swiglu, moe. The GPU side goes through
+ * glm.c (the reference) is included whole, so the CPU side of each check is the very
+ * function forward() uses, not a copy: matmul, rmsnorm, layernorm, rope, topk_select,
+ * moe_route, sample, attention, swiglu, moe; `ops` keeps glm.c's plain entries here
+ * (fast_init is not called), so the GPU is held to the reference itself. The GPU side goes through
  * the gpuk_* entry points at the end of glm_hip.hip. Under the emulation (make emu)
  * this runs on the CPU; linked against the HIP or CUDA build it runs on the GPU.
  *
@@ -18,9 +19,9 @@
  * Prints "PASS name" / "FAIL name: why" per check, then "N passed, N failed".
  * GPU_KTEST_TOL scales every tolerance (a real GPU fuses multiply-adds).
  */
-#define main glm_cli_main
 #include "../../glm.c"
-#undef main
+
+#include <stdarg.h>
 
 void gpuk_matmul_rows(float *y, const float *x, const Mat *W, int r0, int nr, int n);
 void gpuk_embed(float *y, const Mat *E, const int *tokens, int n);
@@ -108,6 +109,14 @@ static void free_mat(TMat *t) { free(t->w); free(t->s); }
 
 static const char *fmt_name[] = {"f32", "bf16", "fp8", "mxfp4"};
 
+/* glm.c's matmul restricted to rows r0..r0+nr of W: y [n][nr]. */
+static void matmul_row_range(float *y, const float *x, const Mat *W, int r0, int nr, int n) {
+    float *all = xmalloc((size_t)n * W->rows * sizeof(float));
+    matmul(all, x, W, n);
+    for (int t = 0; t < n; t++) memcpy(y + (size_t)t * nr, all + (size_t)t * W->rows + r0, (size_t)nr * sizeof(float));
+    free(all);
+}
+
 /* matmul: matrix-vector (n <= 8) and tiled (n > 8) kernels, every format, full
  * matrices and row ranges (the un-absorb reads rows of kv_b from an offset). */
 static void test_matmul(void) {
@@ -122,7 +131,7 @@ static void test_matmul(void) {
                 int n = ns[ni], r0 = si == 1 ? 5 : 0, nr = rows - r0 - (si == 1 ? 3 : 0);
                 float *x = xmalloc((size_t)n * cols * 4), *ref = xmalloc((size_t)n * nr * 4), *got = xmalloc((size_t)n * nr * 4);
                 fill_n(x, (size_t)n * cols, 1.0f);
-                matmul_rows(ref, nr, x, cols, &t.W, r0, nr, n);
+                matmul_row_range(ref, x, &t.W, r0, nr, n);
                 gpuk_matmul_rows(got, x, &t.W, r0, nr, n);
                 double e = rel_rows(ref, got, n, nr);
                 char name[96];
@@ -311,7 +320,6 @@ static void test_blocks(const char *dir) {
     model_load(&m, dir);
     const Config *c = &m.cfg;
     const int ctx = 64, H = c->hidden, K = c->index_topk;
-    scratch_init(max_cols(c));
     KVCache kv;
     kvcache_init(&kv, &m, ctx);
     RunState s;
@@ -342,7 +350,7 @@ static void test_blocks(const char *dir) {
             }
             fill_n(a, (size_t)n * H, 1.0f);
             memcpy(s.a, a, (size_t)n * H * 4);
-            if (c->dense[l]) swiglu(s.out, s.a, &L->gate, &L->up, &L->down, s.h1, s.h2, n, s.pool_xs);
+            if (c->dense[l]) swiglu(s.out, s.a, &L->gate, &L->up, &L->down, s.h1, s.h2, n);
             else moe(&m, L, &s, s.a, s.out, n);
             gpuk_mlp(g, l, a, n, out);
             e = rel_rows(s.out, out, n, H);
@@ -360,6 +368,20 @@ static void test_blocks(const char *dir) {
     runstate_free(&s);
     kvcache_free(&kv);
     model_free(&m);
+}
+
+/* A whole file into memory (malloc'd), or NULL. */
+static char *read_file(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = n >= 0 ? malloc((size_t)n + 1) : NULL;
+    if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) { free(buf); buf = NULL; }
+    fclose(f);
+    *len = buf ? (size_t)n : 0;
+    return buf;
 }
 
 /* --compare REF GOT V TOL: two float32 [n][V] logits files; relative L2 per position
@@ -380,26 +402,6 @@ static int compare_files(const char *ref_path, const char *got_path, int V, doub
     printf("%s max rel L2 %.2e over %d positions, argmax differs at %d\n", ok ? "ok" : "bad", worst, n, argmax_bad);
     free(a); free(b);
     return !ok;
-}
-
-/* Bytes one decode step reads: every matrix of attention and the dense MLP, the router,
- * the shared expert, n_active routed experts (of average size), lm_head, one embedding
- * row. This over cache copy bandwidth is the fastest a decode step can be. */
-static double decode_bytes(const Model *m) {
-    const Config *c = &m->cfg;
-    double b = (double)m->lm_head.bytes + (double)m->embed.bytes / m->embed.rows;
-    for (int l = 0; l < c->n_layers; l++) {
-        const Layer *L = &m->layers[l];
-        const Mat *all[] = {&L->q_a, &L->q_b, &L->kv_a, &L->kv_b, &L->o, &L->ix_wq_b, &L->ix_wk, &L->ix_weights,
-                            &L->gate, &L->up, &L->down, &L->router, &L->sh_gate, &L->sh_up, &L->sh_down};
-        for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) b += (double)all[i]->bytes;
-        if (!c->dense[l]) {
-            double ex = 0;
-            for (int e = 0; e < c->n_experts; e++) ex += (double)L->ex_gate[e].bytes + L->ex_up[e].bytes + L->ex_down[e].bytes;
-            b += ex / c->n_experts * c->n_active;
-        }
-    }
-    return b;
 }
 
 double gpuk_time_gemv(const Mat *W, int iters);
@@ -435,7 +437,7 @@ static int bench(const char *dir) {
         gpu_forward(g, 17 + i, &tok, 1, NULL, 0);
         tok = gpu_sample(g, 0.0f, 1.0f, 0.0f); /* returns the token: the step is finished */
     }
-    double sec = (now_s() - t0) / steps, bytes = decode_bytes(&m);
+    double sec = (now_s() - t0) / steps, bytes = decode_bytes(&m, 17 + steps / 2); /* glm.c: weights and cache of a step */
     printf("BENCH decode_ms %.3f\nBENCH decode_MB %.1f\nBENCH decode_GBps %.1f\nBENCH decode_layers %d\n", sec * 1e3, bytes / 1e6, bytes / sec / 1e9, m.cfg.n_layers);
     gpu_free(g);
     model_free(&m);
@@ -446,10 +448,7 @@ int main(int argc, char **argv) {
     number_tables_init();
     if (argc == 6 && !strcmp(argv[1], "--compare")) return compare_files(argv[2], argv[3], atoi(argv[4]), atof(argv[5]));
     if (argc >= 2 && !strcmp(argv[1], "--bench")) return bench(argc > 2 ? argv[2] : NULL);
-    kernels_init(getenv("GLM_KERNELS"));
-    g_act_bf16 = 0; /* the CPU side is the fp32 reference the GPU kernels mirror */
     if (getenv("GPU_KTEST_TOL")) g_tol = atof(getenv("GPU_KTEST_TOL"));
-    scratch_init(2048);
     test_matmul();
     test_embed();
     test_norms_rope();

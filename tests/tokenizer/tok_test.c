@@ -351,7 +351,7 @@ static int cmd_glm(const Tokenizer *t, const char *known) {
     result(kn == 21 && kok == kn, "known answers: %d/%d", kok, kn);
     json_free(&K);
 
-    /* TOKENIZER.md §4.6 and §3.5 vectors */
+    /* docs/TOKENIZER.md §4.6 and §3.5 vectors */
     struct { const char *s; const char *ids; } v[] = {
         {"Hello   world  ", "9703 256 1879 256"},
         {"a\r\nb", "64 319 65"},
@@ -403,7 +403,7 @@ static int cmd_glm(const Tokenizer *t, const char *known) {
     result(d && strcmp(d, "xy<think>") == 0, "decode with skip_special drops only special tokens");
     free(d);
 
-    /* chat prompts: TOKENIZER.md §1.6 and §3.5 */
+    /* chat prompts: docs/TOKENIZER.md §1.6 and §3.5 */
     ChatOptions o;
     ChatMessage sys_hello[] = {{"system", "You are a helpful assistant.", NULL}, {"user", "Hello", NULL}};
     tokenizer_chat_defaults(&o);

@@ -1,7 +1,7 @@
 /* fuzz_encode.c - libFuzzer target for tokenizer_encode() on arbitrary bytes with the
- * real GLM-5.2 tokenizer.json ($GLM_TOKENIZER_JSON, else
- * ../shared/data/glm-5.2-tokenizer/tokenizer.json, else the trimmed copy in the seed
- * corpus, relative to the repository root).
+ * real GLM-5.2 tokenizer.json ($GLM_TOKENIZER_JSON, else build/tokenizer.json, which
+ * `make build/tokenizer.json` unpacks from data/glm-5.2-tokenizer/, else the trimmed copy
+ * in the seed corpus, relative to the repository root).
  *
  * Checks what tokenizer.h promises: encoding never fails, every id is in range, the
  * tokens' bytes concatenate back to the input exactly (for any bytes), decode of valid
@@ -18,7 +18,7 @@ static Tokenizer *tok;
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
     (void)argc; (void)argv;
-    const char *cands[] = {getenv("GLM_TOKENIZER_JSON"), "../shared/data/glm-5.2-tokenizer/tokenizer.json",
+    const char *cands[] = {getenv("GLM_TOKENIZER_JSON"), "build/tokenizer.json",
                            "fuzz/corpus/tokenizer_load/tokenizer-2000.json"};
     char err[512] = "";
     for (size_t i = 0; i < sizeof cands / sizeof cands[0] && !tok; i++)

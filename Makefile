@@ -16,11 +16,20 @@ glm_asan: $(SRC) $(HDR)
 test: glm
 	./test.sh
 
+# GLM-5.2's tokenizer ships compressed in data/glm-5.2-tokenizer/ (MIT, see its README.md);
+# the build unpacks it once. glm synth writes it into every checkpoint it makes, the tests
+# read it. Order-only: a newer tokenizer.json does not relink the programs.
+build/tokenizer.json: data/glm-5.2-tokenizer/tokenizer.json.gz
+	@mkdir -p build
+	gzip -dc $< > $@.tmp && mv $@.tmp $@
+glm glm_asan test test-asan demo: | build/tokenizer.json
+
 # A random model with GLM-5.2's real vocabulary and tokenizer, a few MB: the whole
 # pipeline (tokenizer, chat template, forward pass, sampling) runs; the text is noise.
-TOKENIZER_JSON ?= ../shared/data/glm-5.2-tokenizer/tokenizer.json
+TOKENIZER_JSON ?= build/tokenizer.json
 demo: glm
 	@test -f $(TOKENIZER_JSON) || { echo "make demo: $(TOKENIZER_JSON) not found (set TOKENIZER_JSON=path/to/tokenizer.json)"; exit 1; }
+	rm -rf demo_model
 	./glm synth demo_model --tiny --tokenizer $(TOKENIZER_JSON)
 	printf 'Hello! Who are you?\nWhat is 2+2?\n' | ./glm chat -m demo_model -n 24 --seed 1
 
@@ -34,7 +43,15 @@ test-asan: glm_asan
 #   make hip   hipcc for AMD; GPU_ARCH=gfx942,gfx950 (MI300X, MI355X) or e.g. gfx90a
 #   make cuda  nvcc for NVIDIA; CUDA_ARCH=sm_90 (H100/H200)
 #   make emu   ./glm_emu: the kernels as C++ on the CPU under tests/hip_emu.h, WARP=64 or 32
-# build/gpu_ktest{64,32,_hip,_cuda}: the kernel tests (tests/gpu/kernel_test.c) per build.
+# Every GPU target builds in its own folder, $(HIP_DIR) = build/hip-<GPU_ARCH, commas as
+# dashes> and $(CUDA_DIR) = build/cuda-<CUDA_ARCH>: glm_hip.o, the program (glm_hip or
+# glm_cuda) and its kernel test gpu_ktest (tests/gpu/kernel_test.c). The file `flags`
+# there holds the exact compiler and flags; a build with another HIPCC/HIPFLAGS (NVCC/
+# NVFLAGS) rewrites it and so recompiles (build/gpu/flags: CC/CFLAGS of the shared C
+# objects; build/emu.flags: CXX). make hip / make cuda point ./glm_hip / ./glm_cuda
+# (symlinks) at the folder of the target asked for and print it; make hip-dir / cuda-dir
+# print the folder (tests/gpu_check.sh). build/gpu_ktest{64,32}: the emulation's kernel tests.
+MAIN_SRC   = cli.c# the file with main() (left out of the kernel tests)
 GPU_ARCH  ?= gfx942,gfx950
 CUDA_ARCH ?= sm_90
 HIPCC     ?= hipcc
@@ -44,39 +61,72 @@ WARP      ?= 64
 HIPFLAGS  ?= -O3
 NVFLAGS   ?= -O3
 comma     := ,
+empty     :=
+space     := $(empty) $(empty)
 HIP_ARCHS  = $(foreach a,$(subst $(comma), ,$(GPU_ARCH)),--offload-arch=$(a))
+HIP_DIR    = build/hip-$(subst :,_,$(subst $(space),-,$(strip $(subst $(comma), ,$(GPU_ARCH)))))
+CUDA_DIR   = build/cuda-$(strip $(CUDA_ARCH))
 GPU_COBJ   = $(SRC:%.c=build/gpu/%.o)
-KTEST_COBJ = $(filter-out build/gpu/glm.o build/gpu/cli.o,$(GPU_COBJ)) build/gpu/kernel_test.o
+# the kernel tests: all but main() (MAIN_SRC) and glm.c, which tests/gpu/kernel_test.c includes whole
+KTEST_COBJ = $(filter-out $(patsubst %.c,build/gpu/%.o,$(MAIN_SRC) glm.c),$(GPU_COBJ)) build/gpu/kernel_test.o
+# the compile commands, as the flags files record them
+GPU_CC_CMD = $(strip $(CC) $(WARN) $(CFLAGS) $(OMP))
+HIP_CMD    = $(strip $(HIPCC) -std=c++17 $(HIPFLAGS) $(HIP_ARCHS) -Wall -Wextra -x hip)
+CUDA_CMD   = $(strip $(NVCC) -std=c++17 $(NVFLAGS) -arch=$(CUDA_ARCH) -x cu)
+EMU_CMD    = $(strip $(CXX) -std=c++17 -O2 -g -Wall -Wextra -DGLM_EMU -pthread -x c++)
+# $(call gpu_flags_dep,FILE,TEXT): FORCE if FILE does not hold TEXT yet, else nothing;
+# the flags rules below then rewrite FILE only when the command changed (so make -q and
+# make -n stay exact, and an unchanged command rebuilds nothing).
+gpu_flags_old = $(strip $(shell cat $(1) 2>/dev/null))
+gpu_flags_dep = $(if $(subst $(2),,$(call gpu_flags_old,$(1)))$(subst $(call gpu_flags_old,$(1)),,$(2)),FORCE)
+gpu_flags_write = @mkdir -p $(@D) && printf '%s\n' '$(subst ','\'',$(1))' >$@
 
-build/gpu/%.o: %.c
-	@mkdir -p build/gpu
-	$(CC) $(WARN) $(CFLAGS) $(OMP) -DGLM_GPU -MMD -MP -c $< -o $@
-build/gpu/kernel_test.o: tests/gpu/kernel_test.c
-	@mkdir -p build/gpu
-	$(CC) $(WARN) $(CFLAGS) $(OMP) -I. -MMD -MP -c $< -o $@
--include $(wildcard build/gpu/*.d)
+build/gpu/flags: $(call gpu_flags_dep,build/gpu/flags,$(GPU_CC_CMD))
+	$(call gpu_flags_write,$(GPU_CC_CMD))
+$(HIP_DIR)/flags: $(call gpu_flags_dep,$(HIP_DIR)/flags,$(HIP_CMD))
+	$(call gpu_flags_write,$(HIP_CMD))
+$(CUDA_DIR)/flags: $(call gpu_flags_dep,$(CUDA_DIR)/flags,$(CUDA_CMD))
+	$(call gpu_flags_write,$(CUDA_CMD))
+build/emu.flags: $(call gpu_flags_dep,build/emu.flags,$(EMU_CMD))
+	$(call gpu_flags_write,$(EMU_CMD))
+FORCE:
 
-build/hip/glm_hip.o: glm_hip.hip glm.h
-	@mkdir -p build/hip
-	$(HIPCC) -std=c++17 $(HIPFLAGS) $(HIP_ARCHS) -Wall -Wextra -x hip -c glm_hip.hip -o $@
-build/cuda/glm_hip.o: glm_hip.hip glm.h
-	@mkdir -p build/cuda
-	$(NVCC) -std=c++17 $(NVFLAGS) -arch=$(CUDA_ARCH) -x cu -c glm_hip.hip -o $@
-build/emu%/glm_hip.o: glm_hip.hip glm.h tests/hip_emu.h
-	@mkdir -p build/emu$*
-	$(CXX) -std=c++17 -O2 -g -Wall -Wextra -DGLM_EMU -DWARP=$* -pthread -x c++ -c glm_hip.hip -o $@
+build/gpu/%.o: %.c build/gpu/flags
+	@mkdir -p $(@D)
+	$(GPU_CC_CMD) -DGLM_GPU -MMD -MP -c $< -o $@
+build/gpu/kernel_test.o: tests/gpu/kernel_test.c build/gpu/flags
+	@mkdir -p $(@D)
+	$(GPU_CC_CMD) -I. -MMD -MP -c $< -o $@
+-include $(wildcard $(GPU_COBJ:.o=.d) build/gpu/kernel_test.d)
 
-hip: glm_hip
-glm_hip: $(GPU_COBJ) build/hip/glm_hip.o
+$(HIP_DIR)/glm_hip.o: glm_hip.hip glm.h $(HIP_DIR)/flags
+	$(HIP_CMD) -c glm_hip.hip -o $@
+$(CUDA_DIR)/glm_hip.o: glm_hip.hip glm.h $(CUDA_DIR)/flags
+	$(CUDA_CMD) -c glm_hip.hip -o $@
+build/emu%/glm_hip.o: glm_hip.hip glm.h tests/hip_emu.h build/emu.flags
+	@mkdir -p $(@D)
+	$(EMU_CMD) -DWARP=$* -c glm_hip.hip -o $@
+
+$(HIP_DIR)/glm_hip: $(GPU_COBJ) $(HIP_DIR)/glm_hip.o
 	$(HIPCC) $(HIP_ARCHS) -o $@ $^ -lgomp -lm
-build/gpu_ktest_hip: $(KTEST_COBJ) build/hip/glm_hip.o
+$(HIP_DIR)/gpu_ktest: $(KTEST_COBJ) $(HIP_DIR)/glm_hip.o
 	$(HIPCC) $(HIP_ARCHS) -o $@ $^ -lgomp -lm
+hip glm_hip: $(HIP_DIR)/glm_hip
+	@ln -sfn $(HIP_DIR)/glm_hip glm_hip
+	@echo "make hip: ./glm_hip -> $(HIP_DIR)/glm_hip, for $(GPU_ARCH): $(HIP_CMD)"
 
-cuda: glm_cuda
-glm_cuda: $(GPU_COBJ) build/cuda/glm_hip.o
+$(CUDA_DIR)/glm_cuda: $(GPU_COBJ) $(CUDA_DIR)/glm_hip.o
 	$(NVCC) -arch=$(CUDA_ARCH) -o $@ $^ -lgomp -lm
-build/gpu_ktest_cuda: $(KTEST_COBJ) build/cuda/glm_hip.o
+$(CUDA_DIR)/gpu_ktest: $(KTEST_COBJ) $(CUDA_DIR)/glm_hip.o
 	$(NVCC) -arch=$(CUDA_ARCH) -o $@ $^ -lgomp -lm
+cuda glm_cuda: $(CUDA_DIR)/glm_cuda
+	@ln -sfn $(CUDA_DIR)/glm_cuda glm_cuda
+	@echo "make cuda: ./glm_cuda -> $(CUDA_DIR)/glm_cuda, for $(CUDA_ARCH): $(CUDA_CMD)"
+
+hip-dir:
+	@echo $(HIP_DIR)
+cuda-dir:
+	@echo $(CUDA_DIR)
 
 # glm_emu64 / glm_emu32 are the two wave widths; make emu copies the WARP one to ./glm_emu
 glm_emu64 glm_emu32: glm_emu%: $(GPU_COBJ) build/emu%/glm_hip.o
@@ -85,6 +135,7 @@ build/gpu_ktest64 build/gpu_ktest32: build/gpu_ktest%: $(KTEST_COBJ) build/emu%/
 	$(CXX) -pthread $(OMP) -o $@ $^ -lm
 emu: glm_emu$(WARP)
 	cp glm_emu$(WARP) glm_emu
+.PHONY: hip cuda emu glm_hip glm_cuda hip-dir cuda-dir FORCE
 
 # libFuzzer targets (clang + libclang-rt-14-dev on Debian); see fuzz/README.md.
 # fuzz_checkpoint links the whole program, main() renamed so libFuzzer's main links, and
@@ -116,7 +167,7 @@ fuzz/bin/fuzz_encode: fuzz/fuzz_encode.c tokenizer.c json.c tokenizer.h tokenize
 
 clean:
 	rm -f glm glm_asan glm_hip glm_cuda glm_emu glm_emu32 glm_emu64
-	rm -rf build/gpu build/hip build/cuda build/emu32 build/emu64 build/gpu_ktest*
+	rm -rf build/gpu build/hip build/cuda build/hip-* build/cuda-* build/emu32 build/emu64 build/emu.flags build/gpu_ktest* build/compile_check
 	rm -rf fuzz/bin
 
 # The benchmark of issue 6: a 2-layer checkpoint with GLM-5.2's widths (layer 0 dense,

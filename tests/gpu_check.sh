@@ -3,11 +3,18 @@
 #
 #   tests/gpu_check.sh            NVIDIA: the CUDA build (nvcc); AMD: the HIP build (hipcc)
 #   GPU_CHECK_OUT=dir             scratch (default build/gpu_check; ~9 GB for the synthetic model)
-#   GPU_CHECK_VENDOR=cuda|hip     force the build; CUDA_ARCH / GPU_ARCH override the detected target
+#   GPU_CHECK_VENDOR=cuda|hip     force the build
+#   GPU_CHECK_ARCH=sm_100|gfx950  force the target (default: the GPU's own, from nvidia-smi, or
+#                                 amdgpu-arch / offload-arch / rocminfo; if none can tell it,
+#                                 CUDA_ARCH or sm_90, GPU_ARCH or gfx942)
+#   NVCC=... / HIPCC=...          the compiler (default /usr/local/cuda/bin/nvcc, /opt/rocm/bin/hipcc,
+#                                 else the one on PATH)
 #   GPU_CHECK_VENDOR=emu          dry run of this script on the CPU emulation, at small sizes
 #                                 (checks the script, not a GPU; its timings mean nothing)
 #
-# 1. builds ./glm (CPU), the GPU program and its kernel tests;
+# 1. builds ./glm (CPU), the GPU program and its kernel tests for this machine's GPU, in the
+#    target's own folder (build/cuda-sm_90/, build/hip-gfx950/, ...: see the Makefile), never
+#    reusing a build for another target or compiler; ./glm_cuda and ./glm_hip are not touched;
 # 2. kernel tests on the GPU: every kernel against glm.c's op (tests/gpu/kernel_test.c);
 # 3. tiny checkpoints: `glm logits --gpu` against the CPU, prefill and --decode, relative
 #    L2 <= 1e-3 per position and the same argmax; --gpus 2 as well when 2 GPUs are visible;
@@ -35,30 +42,56 @@ if [ -z "$vendor" ]; then
     elif [ -e /dev/kfd ] || command -v rocminfo >/dev/null; then vendor=hip
     else echo "gpu_check: no NVIDIA or AMD GPU found"; echo "0 passed, 1 failed"; exit 1; fi
 fi
+mkvars=(); DIR=
 if [ "$vendor" = emu ]; then
     gpu_name="CPU emulation (dry run)"; n_gpus=2
     BIN=./glm_emu64; KT=./build/gpu_ktest64
     targets="glm glm_emu64 build/gpu_ktest64"
     export GPU_BENCH_ROWS=256
 elif [ "$vendor" = cuda ]; then
-    cap=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n 1 | tr -d ' .')
-    CUDA_ARCH=${CUDA_ARCH:-sm_${cap:-90}}
-    gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1)
+    # the compute capability of the visible GPU(s), 9.0 -> sm_90 (the first if they differ)
+    caps=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | tr -d ' .' | grep -E '^[0-9]+$' | sort -u)
+    [ "$(echo "$caps" | grep -c .)" -gt 1 ] && echo "note: GPUs of several compute capabilities ($(echo $caps)); building for the first"
+    cap=$(echo "$caps" | head -n 1)
+    if [ -n "${GPU_CHECK_ARCH:-}" ]; then arch=$GPU_CHECK_ARCH
+    elif [ -n "$cap" ]; then arch=sm_$cap
+        [ -n "${CUDA_ARCH:-}" ] && [ "$CUDA_ARCH" != "$arch" ] && echo "note: CUDA_ARCH=$CUDA_ARCH ignored: the GPU here is $arch (GPU_CHECK_ARCH forces a target)"
+    else arch=${CUDA_ARCH:-sm_90}; echo "note: nvidia-smi does not tell the compute capability; building for $arch"; fi
+    NVCC=${NVCC:-$( [ -x /usr/local/cuda/bin/nvcc ] && echo /usr/local/cuda/bin/nvcc || echo nvcc)}
+    gpu_name="$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1) ($arch)"
     n_gpus=$(nvidia-smi -L | grep -c '^GPU')
-    BIN=./glm_cuda; KT=./build/gpu_ktest_cuda
-    targets="glm glm_cuda build/gpu_ktest_cuda CUDA_ARCH=$CUDA_ARCH"
+    mkvars=(NVCC="$NVCC" CUDA_ARCH="$arch")
+    DIR=$(make -s --no-print-directory cuda-dir "${mkvars[@]}")
+    BIN=$DIR/glm_cuda; KT=$DIR/gpu_ktest
+    targets="glm $BIN $KT"
 else
-    arch=$(rocminfo 2>/dev/null | grep -o 'gfx[0-9a-f]*' | head -n 1)
-    GPU_ARCH=${GPU_ARCH:-${arch:-gfx942}}
-    gpu_name=$(rocminfo 2>/dev/null | grep -m1 'Marketing Name' | sed 's/.*: *//')" ($GPU_ARCH)"
+    # the gfx target(s) of the visible GPU(s); several different ones build one binary for all
+    detect=
+    for t in amdgpu-arch /opt/rocm/llvm/bin/amdgpu-arch offload-arch /opt/rocm/llvm/bin/offload-arch; do
+        command -v $t >/dev/null 2>&1 || continue
+        detect=$($t 2>/dev/null | grep -o '^gfx[0-9a-f]*' | sort -u | paste -sd, -)
+        [ -n "$detect" ] && break
+    done
+    [ -z "$detect" ] && detect=$(rocminfo 2>/dev/null | grep -oE '^ *Name: *gfx[0-9a-f]+' | grep -o 'gfx[0-9a-f]*' | sort -u | paste -sd, -)
+    if [ -n "${GPU_CHECK_ARCH:-}" ]; then arch=$GPU_CHECK_ARCH
+    elif [ -n "$detect" ]; then arch=$detect
+        [ -n "${GPU_ARCH:-}" ] && [ "$GPU_ARCH" != "$arch" ] && echo "note: GPU_ARCH=$GPU_ARCH ignored: the GPU here is $arch (GPU_CHECK_ARCH forces a target)"
+    else arch=${GPU_ARCH:-gfx942}; echo "note: neither amdgpu-arch nor rocminfo tells the GPU's target; building for $arch"; fi
+    HIPCC=${HIPCC:-$( [ -x /opt/rocm/bin/hipcc ] && echo /opt/rocm/bin/hipcc || echo hipcc)}
+    gpu_name=$(rocminfo 2>/dev/null | grep -m1 'Marketing Name' | sed 's/.*: *//')" ($arch)"
     n_gpus=$(rocminfo 2>/dev/null | grep -c 'Device Type: *GPU')
-    BIN=./glm_hip; KT=./build/gpu_ktest_hip
-    targets="glm glm_hip build/gpu_ktest_hip GPU_ARCH=$GPU_ARCH"
+    mkvars=(HIPCC="$HIPCC" GPU_ARCH="$arch")
+    DIR=$(make -s --no-print-directory hip-dir "${mkvars[@]}")
+    BIN=$DIR/glm_hip; KT=$DIR/gpu_ktest
+    targets="glm $BIN $KT"
 fi
 echo "gpu_check: $vendor build for $gpu_name, $n_gpus GPU(s) visible"
 
 # --- build -------------------------------------------------------------------------------------
-if make -j"$(nproc)" $targets >"$OUT/build.log" 2>&1; then ok "build ($targets)"
+# (make rebuilds the GPU objects whenever the target, compiler or flags differ from what
+#  $DIR/flags records; the build goes to $DIR, and ./glm_cuda / ./glm_hip are not touched)
+if make -j"$(nproc)" $targets ${mkvars[@]+"${mkvars[@]}"} >"$OUT/build.log" 2>&1; then
+    ok "build ($targets${DIR:+; $(cat "$DIR/flags")})"
 else bad "build" "$(tail -n 20 "$OUT/build.log")"; echo "$pass passed, $fail failed"; exit 1; fi
 
 # --- tiny checkpoints: numpy's generator if there is numpy, else glm synth --tiny --------------

@@ -9,7 +9,9 @@
 #   - layers split over 2 and 3 virtual GPUs give bit-identical logits to 1;
 #   - run --gpu (sampling on the device) prints the CPU's tokens; the plan refuses a
 #     model that does not fit; the CPU build refuses --gpu in one line;
-#   - the compile checks for real GPUs (tests/gpu_compile_check.sh).
+#   - the compile checks for real GPUs, and that the GPU builds follow their target:
+#     other flags or another GPU_ARCH recompile, each target in its own build/ folder, and
+#     ./glm_hip / ./glm_cuda are not created (tests/gpu_compile_check.sh).
 # Run from the repository root (test.sh does). Prints "N passed, N failed".
 set -u
 cd "$(dirname "$0")/.."

@@ -1,6 +1,6 @@
 /* tests/gpu/kernel_test.c - every kernel of glm_hip.hip against glm.c's own op.
  *
- *   build/gpu_ktest64 [MODEL_DIR ...]   (also gpu_ktest32, gpu_ktest_hip, gpu_ktest_cuda)
+ *   build/gpu_ktest64 [MODEL_DIR ...]   (also build/gpu_ktest32, build/hip-<arch>/gpu_ktest, build/cuda-<arch>/gpu_ktest)
  *
  * glm.c (the reference) is included whole, so the CPU side of each check is the very
  * function forward() uses, not a copy: matmul, rmsnorm, layernorm, rope, topk_select,

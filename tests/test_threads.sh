@@ -21,5 +21,16 @@ for v in bf16 fp8 mxfp4 mixed; do
         done
     done
 done
+# OpenMP waits passively unless the user chose a policy: threads spinning at barriers made
+# decode 10-40x slower whenever another process kept a core busy (glm re-execs itself with
+# OMP_WAIT_POLICY=passive; libgomp prints its settings with OMP_DISPLAY_ENV)
+policy() { env "$@" OMP_DISPLAY_ENV=true $GLM logits -m "$out/bf16" --ids 1,2 -o "$out/p.f32" 2>&1 | grep -o "OMP_WAIT_POLICY = '[A-Z]*'" | tail -n 1; }
+for case in "PASSIVE|" "ACTIVE|OMP_WAIT_POLICY=active"; do
+    want=${case%%|*}; set_env=${case#*|}
+    got=$(policy $set_env)
+    name="wait_policy_${want}${set_env:+_$set_env}"
+    if [ "$got" = "OMP_WAIT_POLICY = '$want'" ]; then pass=$((pass + 1)); echo "PASS $name"
+    else fail=$((fail + 1)); echo "FAIL $name: got '$got'"; fi
+done
 echo "$pass passed, $fail failed"
 [ $fail = 0 ]

@@ -16,6 +16,10 @@ glm_asan: $(SRC) $(HDR)
 test: glm
 	./test.sh
 
+# What the tests need (Debian 12 packages and one npm fixture): make deps test
+deps:
+	sh tests/install-deps.sh
+
 # GLM-5.2's tokenizer ships compressed in data/glm-5.2-tokenizer/ (MIT, see its README.md);
 # the build unpacks it once. glm synth writes it into every checkpoint it makes, the tests
 # read it. Order-only: a newer tokenizer.json does not relink the programs.
@@ -177,4 +181,4 @@ bench: glm
 	test -f $(BENCH_DIR)/config.json || ./glm synth $(BENCH_DIR) --layers 2 --experts 64
 	./glm bench -m $(BENCH_DIR)
 
-.PHONY: test test-asan clean demo bench fuzz hip cuda emu
+.PHONY: test test-asan clean demo bench fuzz hip cuda emu deps

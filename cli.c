@@ -403,25 +403,26 @@ static void conversation_drop(Conversation *cv, int i) {
     cv->n--;
 }
 
-/* The conversation as prompt ids with the assistant's turn opened. When it does not
- * leave `room` tokens of the context for the reply, the oldest exchange (a user message
- * and the reply to it; the system message stays) is dropped and the rest re-rendered,
- * and the user is told. Returns the count, or -1 when even the newest message alone
- * does not fit. */
+/* The conversation as prompt ids with the assistant's turn opened, leaving `room` tokens
+ * of the context for the reply. A newest message that does not fit even alone (after the
+ * system message) is refused: returns -1 and the history is untouched. Otherwise, while
+ * the whole does not fit, the oldest exchange (a user message and the reply to it; the
+ * system message stays) is dropped, and the user is told. */
 static int render_fitting(const Tokenizer *tok, Conversation *cv, const ChatOptions *opt, int ctx, int room, int **ids) {
+    char err[256];
+    const int first = cv->n > 0 && !strcmp(cv->msg[0].role, "system");
+    ChatMessage alone[2] = {cv->msg[0], cv->msg[cv->n - 1]};
+    int n = tokenizer_render_chat(tok, first ? alone : alone + 1, first ? 2 : 1, opt, 1, ids, err, sizeof err);
+    if (n < 0) glm_fatal("chat: %s", err);
+    free(*ids);
+    if (n + room > ctx) return -1;
     for (;;) {
-        char err[256];
-        int n = tokenizer_render_chat(tok, cv->msg, cv->n, opt, 1, ids, err, sizeof err);
+        n = tokenizer_render_chat(tok, cv->msg, cv->n, opt, 1, ids, err, sizeof err);
         if (n < 0) glm_fatal("chat: %s", err);
         if (n + room <= ctx) return n;
-        int first = cv->n > 0 && !strcmp(cv->msg[0].role, "system");
-        if (cv->n - first <= 1) { /* only the newest message is left */
-            free(*ids);
-            return n < ctx ? n : -1;
-        }
         free(*ids);
         conversation_drop(cv, first);
-        if (cv->n - first > 1 && !strcmp(cv->msg[first].role, "assistant")) conversation_drop(cv, first);
+        if (!strcmp(cv->msg[first].role, "assistant")) conversation_drop(cv, first);
         fprintf(stderr, "glm: the conversation no longer fits --ctx %d: dropped the oldest turn\n", ctx);
     }
 }

@@ -342,17 +342,18 @@ static void attention(const Model *m, const Layer *L, KVCache *kv, RunState *s, 
 /* ======================================================================== */
 /* 5. the MLP and the MoE                                                   */
 
-/* h_gate[i] = SiLU(h_gate[i]) · h_up[i], in place. */
-static void swiglu_act(float *h_gate, const float *h_up, size_t m) {
-#pragma omp parallel for if (m > 65536)
-    for (size_t i = 0; i < m; i++) h_gate[i] = silu(h_gate[i]) * h_up[i];
+/* h_gate = SiLU(h_gate) ⊙ h_up in place, for n rows of width F (on all threads for a prompt). */
+static void swiglu_act(float *h_gate, const float *h_up, int n, int F) {
+#pragma omp parallel for if (n > 1)
+    for (int t = 0; t < n; t++)
+        for (int i = 0; i < F; i++) h_gate[(size_t)t * F + i] = silu(h_gate[(size_t)t * F + i]) * h_up[(size_t)t * F + i];
 }
 
 /* SwiGLU MLP on n rows of x (§3.8): y = W_down · (SiLU(W_gate·x) ⊙ (W_up·x)). */
 static void swiglu(float *y, const float *x, const Mat *gate, const Mat *up, const Mat *down, float *h1, float *h2, int n) {
     const Product gate_up[2] = {{h1, x, gate}, {h2, x, up}};
     ops.matmul_group(gate_up, 2, n);
-    swiglu_act(h1, h2, (size_t)n * gate->rows);
+    swiglu_act(h1, h2, n, gate->rows);
     ops.matmul(y, h1, down, n);
 }
 

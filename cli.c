@@ -77,7 +77,7 @@ static const Flag FLAGS[] = {
     {"--json", NULL, BENCH, "one JSON object instead of the table"},
     {"--system", "TEXT", CHAT, "a system message before the first turn"},
     {"--no-think", NULL, CHAT, "thinking off (the template's empty <think></think>)"},
-    {"--effort", "max|high|none", CHAT, "the reasoning-effort line (default: high, the template's default)"},
+    {"--effort", "max|high|none", CHAT, "the reasoning-effort line (default: max, the template's default)"},
     {"--temp", "T", RUN | CHAT, "temperature; 0 is greedy (default 1.0, GLM-5.2's generation_config)"},
     {"--top-p", "P", RUN | CHAT, "nucleus sampling (default 0.95)"},
     {"--seed", "S", RUN | CHAT, "random seed (default: the time)"},

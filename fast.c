@@ -198,6 +198,7 @@ static void matvec_jobs(const Matvec *job, int njobs, float *xs, size_t xs_cols,
  * format and streamed through by every token while it sits in L1/L2. */
 static void gemm_bf16_panels(float *y, int ldy, const Mat *W, int r0, int nr, int n, int LDX, int parallel) {
     const int K = W->cols, KP = (K + 31) & ~31, KC = PANEL_KC;
+    (void)parallel; /* read only by the pragma: unused in a build without OpenMP (make fuzz) */
 #pragma omp parallel if (parallel)
     {
         float *scratch = g_panel + (size_t)thread_id() * g_panel_stride;

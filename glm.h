@@ -340,8 +340,6 @@ void gpu_free(GpuModel *g);
  * AVX512-BF16 (0: fp32 products). */
 void fast_init(const char *want, int bf16);
 
-/* SIMD kernels (simd.c), the fast path's building blocks; a NULL entry means the CPU
- * has none (the fast path then uses its plain loop or the reference op). */
 /* One stretch of memory for glm bench's streaming read: p 64-byte aligned, n a multiple
  * of 256. The threads take the runs in turn as they free up, as decode takes its rows. */
 typedef struct {
@@ -349,6 +347,9 @@ typedef struct {
     size_t n;
 } ReadRun;
 
+/* SIMD kernels (simd.c), the fast path's building blocks, chosen by kernels_init; a NULL
+ * entry means the CPU has none (the fast path then uses its plain loop or glm.c's op).
+ * tests/kernels_test.c checks each against a plain loop. */
 typedef struct {
     const char *name;
     /* y[i] = W[r0+i]·x for i < nr; x_split: x as matvec_split_x orders it for W */

@@ -517,7 +517,7 @@ static void shard_open(Checkpoint *ck, const char *file) {
         map_base = (void *)map;
         /* a hint: pages this mapping faults in from disk are read as 2 MB folios and
          * mapped by one TLB entry each (filesystems with large folios, Linux >= 6.x);
-         * pages already cached stay as they were cached (see README, Speed) */
+         * pages already cached stay as they were cached (see README, Performance) */
         madvise(map_base, size, MADV_HUGEPAGE);
     }
     close(fd);
@@ -646,7 +646,156 @@ static int cfg_int(ConfigFile *cf, const char *key, int required, double dflt, i
     return (int)d;
 }
 
-/* Reads and checks config.json text[0..len) (named path in messages) into c. */
+/* The ceiling of a width or count that config.json bounds only by sanity. */
+enum { CFG_BIG = 1 << 30 };
+
+/* The widths of attention and of the indexer. qk_head_dim is redundant: if present it
+ * must agree (head_dim is a wrong legacy field, §7.5). */
+static void config_widths(ConfigFile *cf, Config *c) {
+    c->vocab_size = cfg_int(cf, "vocab_size", 1, 0, 1, CFG_BIG);
+    c->hidden = cfg_int(cf, "hidden_size", 1, 0, 1, CFG_BIG);
+    c->n_layers = cfg_int(cf, "num_hidden_layers", 1, 0, 1, GLM_MAX_LAYERS - 1);
+    c->n_mtp = cfg_int(cf, "num_nextn_predict_layers", 0, 0, 0, 1);
+    c->n_heads = cfg_int(cf, "num_attention_heads", 1, 0, 1, 4096);
+    c->q_lora_rank = cfg_int(cf, "q_lora_rank", 1, 0, 1, CFG_BIG);
+    c->kv_lora_rank = cfg_int(cf, "kv_lora_rank", 1, 0, 1, CFG_BIG);
+    c->qk_nope = cfg_int(cf, "qk_nope_head_dim", 1, 0, 0, CFG_BIG);
+    c->qk_rope = cfg_int(cf, "qk_rope_head_dim", 1, 0, 2, CFG_BIG);
+    c->v_head = cfg_int(cf, "v_head_dim", 1, 0, 1, CFG_BIG);
+    long long qk_sum = (long long)c->qk_nope + c->qk_rope;
+    int qk_head = cfg_int(cf, "qk_head_dim", 0, (double)qk_sum, 1, CFG_BIG);
+    if (qk_head != qk_sum)
+        cfg_fail(cf, "%s: inconsistent config: qk_head_dim %d != qk_nope_head_dim %d + qk_rope_head_dim %d", cf->path, qk_head, c->qk_nope, c->qk_rope);
+    if (c->qk_rope % 2) cfg_fail(cf, "%s: qk_rope_head_dim must be even", cf->path);
+    c->index_n_heads = cfg_int(cf, "index_n_heads", 1, 0, 1, 4096);
+    c->index_head_dim = cfg_int(cf, "index_head_dim", 1, 0, 1, CFG_BIG);
+    c->index_topk = cfg_int(cf, "index_topk", 1, 0, 1, CFG_BIG);
+    if (c->index_head_dim < c->qk_rope)
+        cfg_fail(cf, "%s: inconsistent config: index_head_dim %d < qk_rope_head_dim %d", cf->path, c->index_head_dim, c->qk_rope);
+}
+
+/* The experts and their router: how many, how wide, and the group-limited top-k, whose
+ * groups must divide the experts and hold enough of them for num_experts_per_tok. */
+static void config_experts(ConfigFile *cf, Config *c) {
+    c->n_experts = cfg_int(cf, "n_routed_experts", 1, 0, 1, 1 << 16);
+    c->n_active = cfg_int(cf, "num_experts_per_tok", 1, 0, 1, c->n_experts);
+    c->n_shared = cfg_int(cf, "n_shared_experts", 0, 0, 0, 64);
+    c->moe_inter = cfg_int(cf, "moe_intermediate_size", 1, 0, 1, CFG_BIG);
+    c->dense_inter = cfg_int(cf, "intermediate_size", 1, 0, 1, CFG_BIG);
+    c->n_group = cfg_int(cf, "n_group", 0, 1, 1, c->n_experts);
+    c->topk_group = cfg_int(cf, "topk_group", 0, c->n_group, 1, c->n_group);
+    if (c->n_experts % c->n_group)
+        cfg_fail(cf, "%s: inconsistent config: n_routed_experts %d not divisible by n_group %d", cf->path, c->n_experts, c->n_group);
+    if (c->n_group > 1 && c->n_experts / c->n_group < 2)
+        cfg_fail(cf, "%s: inconsistent config: group-limited routing needs >= 2 experts per group", cf->path);
+    if (c->n_active > c->topk_group * (c->n_experts / c->n_group))
+        cfg_fail(cf, "%s: inconsistent config: num_experts_per_tok %d exceeds the experts in topk_group groups", cf->path, c->n_active);
+    c->norm_topk_prob = cfg_number(cf, "norm_topk_prob", 0, 1) != 0;
+    c->routed_scale = (float)cfg_number(cf, "routed_scaling_factor", 0, 1.0);
+}
+
+/* The remaining scalars, and two fields GLM-5 fixes: a config that says otherwise
+ * describes a model this code would run wrongly, so it is refused. */
+static void config_scalars(ConfigFile *cf, Config *c) {
+    c->rms_eps = (float)cfg_number(cf, "rms_norm_eps", 0, 1e-5);
+    c->max_pos = cfg_int(cf, "max_position_embeddings", 0, CFG_BIG, 1, CFG_BIG);
+    const JsonValue *sf = cfg_field(cf, "scoring_func", 0);
+    if (sf && (sf->type != JSON_STRING || strcmp(sf->str, "sigmoid"))) cfg_fail(cf, "%s: scoring_func must be \"sigmoid\"", cf->path);
+    const JsonValue *tie = cfg_field(cf, "tie_word_embeddings", 0);
+    if (tie && tie->type == JSON_BOOL && tie->num)
+        cfg_fail(cf, "%s: tie_word_embeddings true is not supported (GLM-5 has a separate lm_head)", cf->path);
+}
+
+/* RoPE theta: rope_parameters.rope_theta (transformers v5), else flat rope_theta. No YaRN (§7.6). */
+static void config_rope(ConfigFile *cf, Config *c) {
+    const JsonValue *rp = cfg_field(cf, "rope_parameters", 0);
+    const JsonValue *theta = rp ? json_get(rp, "rope_theta") : NULL;
+    if (!theta) theta = cfg_field(cf, "rope_theta", 0);
+    if (!theta || theta->type != JSON_NUMBER || theta->num <= 0) cfg_fail(cf, "%s: missing or bad rope_parameters.rope_theta", cf->path);
+    else c->rope_theta = theta->num;
+    if (rp) {
+        const JsonValue *rt = json_get(rp, "rope_type");
+        if (rt && rt->type == JSON_STRING && strcmp(rt->str, "default"))
+            cfg_fail(cf, "%s: rope_type \"%s\" is not supported (GLM-5 uses plain RoPE)", cf->path, rt->str);
+    }
+}
+
+/* eos: a token id or a list of them (at most GLM_MAX_EOS kept; entries of other types ignored) */
+static void config_eos(ConfigFile *cf, Config *c) {
+    const JsonValue *eos = cfg_field(cf, "eos_token_id", 0);
+    const JsonValue *ids = eos && eos->type == JSON_ARRAY ? eos->child : eos;
+    for (const JsonValue *e = ids; e && c->n_eos < GLM_MAX_EOS; e = eos->type == JSON_ARRAY ? e->next : NULL) {
+        if (e->type != JSON_NUMBER) continue;
+        if (e->num != floor(e->num) || e->num < INT32_MIN || e->num > INT32_MAX) {
+            cfg_fail(cf, "%s: eos_token_id must be a token id or a list of token ids", cf->path);
+            break;
+        }
+        c->eos[c->n_eos++] = (int)e->num;
+    }
+}
+
+/* A per-layer list of two words, `list` (the field named key): layer l's flag is 1 where
+ * its entry is `one`, 0 where it is `zero`. Entries past the layers are ignored. */
+static void cfg_layer_words(ConfigFile *cf, const JsonValue *list, const char *key, const char *one, const char *zero,
+                            uint8_t *flag, int n_layers) {
+    if (list->type != JSON_ARRAY || (int)list->n < n_layers) {
+        cfg_fail(cf, "%s: %s must list %d layers", cf->path, key, n_layers);
+        return;
+    }
+    int l = 0;
+    for (const JsonValue *e = list->child; e && l < n_layers; e = e->next, l++) {
+        if (e->type != JSON_STRING || (strcmp(e->str, one) && strcmp(e->str, zero))) {
+            cfg_fail(cf, "%s: %s[%d] must be \"%s\" or \"%s\"", cf->path, key, l, one, zero);
+            break;
+        }
+        flag[l] = !strcmp(e->str, one);
+    }
+}
+
+/* dense vs MoE: mlp_layer_types if given, else the first first_k_dense_replace layers */
+static void config_mlp_schedule(ConfigFile *cf, Config *c) {
+    const JsonValue *mlt = cfg_field(cf, "mlp_layer_types", 0);
+    if (mlt) {
+        cfg_layer_words(cf, mlt, "mlp_layer_types", "dense", "sparse", c->dense, c->n_layers);
+    } else {
+        int k = cfg_int(cf, "first_k_dense_replace", 0, 0, 0, c->n_layers);
+        for (int l = 0; l < c->n_layers; l++) c->dense[l] = l < k;
+    }
+}
+
+/* IndexShare schedule (§1.3): indexer_types is authoritative, then index_topk_pattern, then
+ * the formula. A "shared" layer reuses the selection of the last "full" one before it, so
+ * layer 0 must be full. */
+static void config_index_schedule(ConfigFile *cf, Config *c) {
+    const JsonValue *it = cfg_field(cf, "indexer_types", 0), *pat = cfg_field(cf, "index_topk_pattern", 0);
+    if (it) {
+        cfg_layer_words(cf, it, "indexer_types", "full", "shared", c->full_index, c->n_layers);
+    } else if (pat) {
+        if (pat->type != JSON_STRING || pat->str_len < (size_t)c->n_layers)
+            cfg_fail(cf, "%s: index_topk_pattern must have %d letters", cf->path, c->n_layers);
+        else
+            for (int l = 0; l < c->n_layers; l++) {
+                if (pat->str[l] != 'F' && pat->str[l] != 'S') {
+                    cfg_fail(cf, "%s: index_topk_pattern letters must be F or S", cf->path);
+                    break;
+                }
+                c->full_index[l] = pat->str[l] == 'F';
+            }
+    } else {
+        int freq = cfg_int(cf, "index_topk_freq", 0, 1, 1, CFG_BIG);
+        int off = cfg_int(cf, "index_skip_topk_offset", 0, 2, 0, CFG_BIG);
+        for (int l = 0; l < c->n_layers; l++) {
+            int k = l - off + 1;
+            c->full_index[l] = (k > 0 ? k : 0) % freq == 0;
+        }
+    }
+    if (!c->full_index[0])
+        cfg_fail(cf, "%s: inconsistent config: layer 0 is \"shared\" but no earlier layer computes a selection", cf->path);
+}
+
+/* Reads and checks config.json text[0..len) (named path in messages) into c. Each part
+ * reads one concern in turn; later parts use the fields earlier ones set (n_layers, the
+ * experts), which after an error are in-range defaults. */
 int config_parse(Config *c, const char *text, size_t len, const char *path, char *err, size_t errlen) {
     memset(c, 0, sizeof *c);
     Json j;
@@ -657,126 +806,13 @@ int config_parse(Config *c, const char *text, size_t len, const char *path, char
         return errf(err, errlen, "%s: not a JSON object", path);
     }
     ConfigFile cf = {path, j.root, err, errlen, 0};
-    const int BIG = 1 << 30;
-
-    c->vocab_size = cfg_int(&cf, "vocab_size", 1, 0, 1, BIG);
-    c->hidden = cfg_int(&cf, "hidden_size", 1, 0, 1, BIG);
-    c->n_layers = cfg_int(&cf, "num_hidden_layers", 1, 0, 1, GLM_MAX_LAYERS - 1);
-    c->n_mtp = cfg_int(&cf, "num_nextn_predict_layers", 0, 0, 0, 1);
-    c->n_heads = cfg_int(&cf, "num_attention_heads", 1, 0, 1, 4096);
-    c->q_lora_rank = cfg_int(&cf, "q_lora_rank", 1, 0, 1, BIG);
-    c->kv_lora_rank = cfg_int(&cf, "kv_lora_rank", 1, 0, 1, BIG);
-    c->qk_nope = cfg_int(&cf, "qk_nope_head_dim", 1, 0, 0, BIG);
-    c->qk_rope = cfg_int(&cf, "qk_rope_head_dim", 1, 0, 2, BIG);
-    c->v_head = cfg_int(&cf, "v_head_dim", 1, 0, 1, BIG);
-    /* qk_head_dim is redundant; if present it must agree (head_dim is a wrong legacy field, §7.5) */
-    long long qk_sum = (long long)c->qk_nope + c->qk_rope;
-    int qk_head = cfg_int(&cf, "qk_head_dim", 0, (double)qk_sum, 1, BIG);
-    if (qk_head != qk_sum)
-        cfg_fail(&cf, "%s: inconsistent config: qk_head_dim %d != qk_nope_head_dim %d + qk_rope_head_dim %d", path, qk_head, c->qk_nope, c->qk_rope);
-    if (c->qk_rope % 2) cfg_fail(&cf, "%s: qk_rope_head_dim must be even", path);
-    c->index_n_heads = cfg_int(&cf, "index_n_heads", 1, 0, 1, 4096);
-    c->index_head_dim = cfg_int(&cf, "index_head_dim", 1, 0, 1, BIG);
-    c->index_topk = cfg_int(&cf, "index_topk", 1, 0, 1, BIG);
-    if (c->index_head_dim < c->qk_rope) cfg_fail(&cf, "%s: inconsistent config: index_head_dim %d < qk_rope_head_dim %d", path, c->index_head_dim, c->qk_rope);
-    c->n_experts = cfg_int(&cf, "n_routed_experts", 1, 0, 1, 1 << 16);
-    c->n_active = cfg_int(&cf, "num_experts_per_tok", 1, 0, 1, c->n_experts);
-    c->n_shared = cfg_int(&cf, "n_shared_experts", 0, 0, 0, 64);
-    c->moe_inter = cfg_int(&cf, "moe_intermediate_size", 1, 0, 1, BIG);
-    c->dense_inter = cfg_int(&cf, "intermediate_size", 1, 0, 1, BIG);
-    c->n_group = cfg_int(&cf, "n_group", 0, 1, 1, c->n_experts);
-    c->topk_group = cfg_int(&cf, "topk_group", 0, c->n_group, 1, c->n_group);
-    if (c->n_experts % c->n_group) cfg_fail(&cf, "%s: inconsistent config: n_routed_experts %d not divisible by n_group %d", path, c->n_experts, c->n_group);
-    if (c->n_group > 1 && c->n_experts / c->n_group < 2) cfg_fail(&cf, "%s: inconsistent config: group-limited routing needs >= 2 experts per group", path);
-    if (c->n_active > c->topk_group * (c->n_experts / c->n_group))
-        cfg_fail(&cf, "%s: inconsistent config: num_experts_per_tok %d exceeds the experts in topk_group groups", path, c->n_active);
-    c->norm_topk_prob = cfg_number(&cf, "norm_topk_prob", 0, 1) != 0;
-    c->routed_scale = (float)cfg_number(&cf, "routed_scaling_factor", 0, 1.0);
-    c->rms_eps = (float)cfg_number(&cf, "rms_norm_eps", 0, 1e-5);
-    c->max_pos = cfg_int(&cf, "max_position_embeddings", 0, BIG, 1, BIG);
-
-    const JsonValue *sf = cfg_field(&cf, "scoring_func", 0);
-    if (sf && (sf->type != JSON_STRING || strcmp(sf->str, "sigmoid"))) cfg_fail(&cf, "%s: scoring_func must be \"sigmoid\"", path);
-    const JsonValue *tie = cfg_field(&cf, "tie_word_embeddings", 0);
-    if (tie && tie->type == JSON_BOOL && tie->num) cfg_fail(&cf, "%s: tie_word_embeddings true is not supported (GLM-5 has a separate lm_head)", path);
-
-    /* RoPE theta: rope_parameters.rope_theta (transformers v5), else flat rope_theta. No YaRN (§7.6). */
-    const JsonValue *rp = cfg_field(&cf, "rope_parameters", 0);
-    const JsonValue *theta = rp ? json_get(rp, "rope_theta") : NULL;
-    if (!theta) theta = cfg_field(&cf, "rope_theta", 0);
-    if (!theta || theta->type != JSON_NUMBER || theta->num <= 0) cfg_fail(&cf, "%s: missing or bad rope_parameters.rope_theta", path);
-    else c->rope_theta = theta->num;
-    if (rp) {
-        const JsonValue *rt = json_get(rp, "rope_type");
-        if (rt && rt->type == JSON_STRING && strcmp(rt->str, "default"))
-            cfg_fail(&cf, "%s: rope_type \"%s\" is not supported (GLM-5 uses plain RoPE)", path, rt->str);
-    }
-
-    /* eos: a token id or a list of them (at most GLM_MAX_EOS kept; entries of other types ignored) */
-    const JsonValue *eos = cfg_field(&cf, "eos_token_id", 0);
-    const JsonValue *ids = eos && eos->type == JSON_ARRAY ? eos->child : eos;
-    for (const JsonValue *e = ids; e && c->n_eos < GLM_MAX_EOS; e = eos->type == JSON_ARRAY ? e->next : NULL) {
-        if (e->type != JSON_NUMBER) continue;
-        if (e->num != floor(e->num) || e->num < INT32_MIN || e->num > INT32_MAX) {
-            cfg_fail(&cf, "%s: eos_token_id must be a token id or a list of token ids", path);
-            break;
-        }
-        c->eos[c->n_eos++] = (int)e->num;
-    }
-
-    /* dense vs MoE: mlp_layer_types if given, else the first first_k_dense_replace layers */
-    const JsonValue *mlt = cfg_field(&cf, "mlp_layer_types", 0);
-    if (mlt) {
-        if (mlt->type != JSON_ARRAY || (int)mlt->n < c->n_layers) cfg_fail(&cf, "%s: mlp_layer_types must list %d layers", path, c->n_layers);
-        else {
-            int l = 0;
-            for (const JsonValue *e = mlt->child; e && l < c->n_layers; e = e->next, l++) {
-                if (e->type != JSON_STRING || (strcmp(e->str, "dense") && strcmp(e->str, "sparse"))) {
-                    cfg_fail(&cf, "%s: mlp_layer_types[%d] must be \"dense\" or \"sparse\"", path, l);
-                    break;
-                }
-                c->dense[l] = !strcmp(e->str, "dense");
-            }
-        }
-    } else {
-        int k = cfg_int(&cf, "first_k_dense_replace", 0, 0, 0, c->n_layers);
-        for (int l = 0; l < c->n_layers; l++) c->dense[l] = l < k;
-    }
-
-    /* IndexShare schedule (§1.3): indexer_types is authoritative, then index_topk_pattern, then the formula. */
-    const JsonValue *it = cfg_field(&cf, "indexer_types", 0), *pat = cfg_field(&cf, "index_topk_pattern", 0);
-    if (it) {
-        if (it->type != JSON_ARRAY || (int)it->n < c->n_layers) cfg_fail(&cf, "%s: indexer_types must list %d layers", path, c->n_layers);
-        else {
-            int l = 0;
-            for (const JsonValue *e = it->child; e && l < c->n_layers; e = e->next, l++) {
-                if (e->type != JSON_STRING || (strcmp(e->str, "full") && strcmp(e->str, "shared"))) {
-                    cfg_fail(&cf, "%s: indexer_types[%d] must be \"full\" or \"shared\"", path, l);
-                    break;
-                }
-                c->full_index[l] = !strcmp(e->str, "full");
-            }
-        }
-    } else if (pat) {
-        if (pat->type != JSON_STRING || pat->str_len < (size_t)c->n_layers) cfg_fail(&cf, "%s: index_topk_pattern must have %d letters", path, c->n_layers);
-        else
-            for (int l = 0; l < c->n_layers; l++) {
-                if (pat->str[l] != 'F' && pat->str[l] != 'S') {
-                    cfg_fail(&cf, "%s: index_topk_pattern letters must be F or S", path);
-                    break;
-                }
-                c->full_index[l] = pat->str[l] == 'F';
-            }
-    } else {
-        int freq = cfg_int(&cf, "index_topk_freq", 0, 1, 1, BIG);
-        int off = cfg_int(&cf, "index_skip_topk_offset", 0, 2, 0, BIG);
-        for (int l = 0; l < c->n_layers; l++) {
-            int k = l - off + 1;
-            c->full_index[l] = (k > 0 ? k : 0) % freq == 0;
-        }
-    }
-    if (!c->full_index[0]) cfg_fail(&cf, "%s: inconsistent config: layer 0 is \"shared\" but no earlier layer computes a selection", path);
-
+    config_widths(&cf, c);
+    config_experts(&cf, c);
+    config_scalars(&cf, c);
+    config_rope(&cf, c);
+    config_eos(&cf, c);
+    config_mlp_schedule(&cf, c);
+    config_index_schedule(&cf, c);
     json_free(&j);
     return cf.failed ? -1 : 0;
 }

@@ -132,10 +132,13 @@ static ReadRate read_rate(const ReadSet *set) {
     return r;
 }
 
+#define BUFFER_BYTES ((size_t)1 << 30) /* the bandwidth buffer: larger than any cache */
+
 /* The two reads a decoded token is measured against, taken just before it. */
 typedef struct {
-    ReadSet buffer;  /* a fresh 1 GB buffer: the machine's read bandwidth (issue 6's yardstick) */
-    ReadSet weights; /* the checkpoint's own pages, sampled */
+    ReadSet buffer;      /* a fresh 1 GB buffer: the machine's read bandwidth (issue 6's yardstick) */
+    ReadSet weights;     /* the checkpoint's own pages, sampled */
+    uint8_t *buffer_mem; /* that buffer (mmap'd, BUFFER_BYTES) */
 } Yardsticks;
 
 /* One decode being timed, a token at a time (glm bench). */
@@ -166,6 +169,197 @@ static void timed_decode_token(Session *S, TimedDecode *d, const Yardsticks *y) 
     d->n++;
 }
 
+/* Pages in the weights (so no timed step pays for page faults) and sets up both reads. */
+static Yardsticks yardsticks_open(const Model *m) {
+    double t0 = now_s();
+    step_begin("paging in the weights, measuring the read bandwidth");
+    prefault_weights(m);
+    /* on 2 MB pages where the kernel offers them, like the weights: the bandwidth the
+     * decode is compared with is the best a streaming read gets on this machine */
+    uint8_t *buf = mmap(NULL, BUFFER_BYTES, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (buf == MAP_FAILED) glm_fatal("out of memory allocating the bandwidth buffer");
+    madvise(buf, BUFFER_BYTES, MADV_HUGEPAGE);
+    memset(buf, 1, BUFFER_BYTES);
+    const Yardsticks y = {buffer_runs(buf, BUFFER_BYTES), weights_runs(&m->ck), buf};
+    step_end(t0);
+    return y;
+}
+
+/* Frees what yardsticks_open set up. */
+static void yardsticks_close(Yardsticks *y) {
+    free(y->buffer.run);
+    free(y->weights.run);
+    munmap(y->buffer_mem, BUFFER_BYTES);
+}
+
+/* n random token ids below V, the same every run: the prompts of the prefill and of the
+ * long context. */
+static int *random_ids(int n, int V) {
+    int *ids = xmalloc((size_t)n * sizeof(int));
+    uint64_t rng = 12345;
+    for (int i = 0; i < n; i++) { rng = rng * 6364136223846793005ull + 1442695040888963407ull; ids[i] = (int)((rng >> 33) % (uint64_t)V); }
+    return ids;
+}
+
+/* PREFILL_RUNS timed runs, each against the FMA peak measured just before and after
+ * it (like the bandwidth around each decoded token); the run with the median ratio is
+ * reported. With one run, 1 in 8 glm bench runs of the same build once read 0.98x
+ * where the 7 others read 1.32-1.40x: the host took the cores away during it, and its
+ * prefill ran 36% slower than theirs while the short peak loops around it lost only
+ * 10%. */
+enum { PREFILL_RUNS = 3 };
+_Static_assert(PREFILL_RUNS == 3, "the table and --json below print three runs' ratios");
+
+/* The prefill as reported: the median run's numbers, and every run's ratio. */
+typedef struct {
+    double secs;                /* the median run's time */
+    double flops;               /* its FLOP/s */
+    double peak;                /* the FMA peak around it (FLOP/s) */
+    double ratio[PREFILL_RUNS]; /* each run's flops / peak, in run order */
+} PrefillResult;
+
+/* The run whose ratio has as many runs above it as below. */
+static int median_run(const double *ratio) {
+    int med = 0;
+    for (int r = 0; r < PREFILL_RUNS; r++) {
+        int below = 0, above = 0;
+        for (int q = 0; q < PREFILL_RUNS; q++) below += ratio[q] < ratio[r], above += ratio[q] > ratio[r];
+        if (below <= PREFILL_RUNS / 2 && above <= PREFILL_RUNS / 2) med = r;
+    }
+    return med;
+}
+
+/* Prefills ids[0..P) PREFILL_RUNS times, each timed and held to the FMA peak around it. */
+static PrefillResult timed_prefill(Session *S, const int *ids, int P) {
+    /* warm-up: the same prefill once untimed, so its scratch buffers are paged in (calloc'd
+     * memory is mapped on first write: a cold first prompt spent ~20% of its time in page
+     * faults, which is start-up cost, not prefill speed) */
+    double t0 = now_s();
+    step_begin("prefill, a warm-up and three timed runs");
+    session_forward(S, &S->kv, ids, P, NULL, 0);
+    double t_run[PREFILL_RUNS], flops_run[PREFILL_RUNS], peak_run[PREFILL_RUNS];
+    PrefillResult p;
+    double peak_before = kernels.fma_peak();
+    for (int r = 0; r < PREFILL_RUNS; r++) {
+        S->kv.pos = 0;
+        double t1 = now_s();
+        session_forward(S, &S->kv, ids, P, S->state.logits, 0);
+        t_run[r] = now_s() - t1;
+        flops_run[r] = forward_flops(&S->model, P, 0, 1) / t_run[r];
+        double peak_after = kernels.fma_peak();
+        peak_run[r] = 0.5 * (peak_before + peak_after);
+        p.ratio[r] = flops_run[r] / peak_run[r];
+        peak_before = peak_after;
+    }
+    const int med = median_run(p.ratio);
+    p.secs = t_run[med];
+    p.flops = flops_run[med];
+    p.peak = peak_run[med];
+    step_end(t0);
+    return p;
+}
+
+/* The decode as reported: both contexts, and the reads taken around them. */
+typedef struct {
+    double tps0, bytes0;  /* context 0: tok/s, bytes read per token */
+    double bw0, best0;    /* the buffer's read around it: the mean passes, the fastest passes */
+    double weights_bw;    /* the read of the weights' own pages around it */
+    double tpsL, bytesL;  /* the long context: tok/s, bytes read per token */
+    double bwL;           /* the buffer's read around it */
+} DecodeResult;
+
+/* Decodes N tokens at context 0 and N after the long context ids[0..L). */
+static DecodeResult timed_decodes(Session *S, const int *ids, int L, int N, const Yardsticks *yard) {
+    /* decode at context 0 and after a long context (a cache filled by a prefill), a token
+     * of each in turn: both see the same moments of the host, so the slowdown between
+     * them is the code's. Run one after the other, a fall of the host's read between
+     * them (62.8 to 28.2 GB/s seen here) showed as a 2x slowdown. The GPU keeps one cache
+     * on the device, so there they still run one after the other. */
+    int interleave = 1;
+#ifdef GLM_GPU
+    interleave = !S->gpu;
+#endif
+    KVCache near; /* context 0 when interleaved: a cache of its own, N + 1 tokens */
+    kvcache_init(&near, &S->model, N + 1);
+    TimedDecode d0 = {.kv = interleave ? &near : &S->kv, .tok = 1}, dL = {.kv = &S->kv, .tok = 1};
+    S->kv.pos = 0;
+    double t0 = now_s();
+    step_begin("decode at context 0 and after a long context, the read bandwidth before each token");
+    if (interleave) session_forward(S, &S->kv, ids, L, NULL, 0); /* dL's long context */
+    for (int i = 0; i < N; i++) {
+        timed_decode_token(S, &d0, yard);
+        if (interleave) timed_decode_token(S, &dL, yard);
+    }
+    const double end_weights = read_rate(&yard->weights).mean; /* after the last token */
+    ReadRate end0 = read_rate(&yard->buffer), endL = end0;
+    if (!interleave) {
+        S->kv.pos = 0;
+        session_forward(S, &S->kv, ids, L, NULL, 0);
+        for (int i = 0; i < N; i++) timed_decode_token(S, &dL, yard);
+        endL = read_rate(&yard->buffer);
+    }
+    step_end(t0);
+    kvcache_free(&near);
+    /* each decode's read bandwidth: the reads before its tokens and one after the last */
+    return (DecodeResult){
+        .tps0 = N / d0.secs, .bytes0 = d0.bytes / N,
+        .bw0 = (d0.read.mean + end0.mean) / (N + 1),
+        .best0 = (d0.read.best + end0.best) / (N + 1), /* the fastest passes: a stricter yardstick */
+        .weights_bw = (d0.weights + end_weights) / (N + 1),
+        .tpsL = N / dL.secs, .bytesL = dL.bytes / N,
+        .bwL = (dL.read.mean + endL.mean) / (N + 1),
+    };
+}
+
+/* What the run measured, for the two printers. */
+typedef struct {
+    const char *model_dir;
+    int threads, P, L;
+    double huge; /* huge_page_fraction */
+    PrefillResult pre;
+    DecodeResult dec;
+} BenchResult;
+
+/* One line of JSON; ratios to 4 significant digits: a tiny test model's are ~1e-4, not 0.000 */
+static void print_json(const BenchResult *b) {
+    const PrefillResult *p = &b->pre;
+    const DecodeResult *d = &b->dec;
+    const double gbs0 = d->bytes0 * d->tps0, gbsL = d->bytesL * d->tpsL; /* decode's reads, bytes/s */
+    printf("{\"model\": \"%s\", \"threads\": %d, \"kernels\": \"%s\", \"read_bw_gbs\": %.2f, \"read_bw_best_gbs\": %.2f, \"fma_peak_gflops\": %.1f, "
+           "\"prefill_tokens\": %d, \"precision\": \"%s\", \"prefill_tps\": %.2f, \"prefill_gflops\": %.1f, \"prefill_peak_ratio\": %.4g, "
+           "\"prefill_peak_ratio_runs\": [%.4g, %.4g, %.4g], "
+           "\"decode_tps_ctx0\": %.3f, \"decode_bytes_per_token\": %.0f, \"decode_gbs\": %.2f, \"decode_bw_ratio\": %.4g, \"decode_best_bw_ratio\": %.4g, "
+           "\"weights_read_gbs\": %.2f, \"decode_weights_bw_ratio\": %.4g, "
+           "\"long_ctx\": %d, \"decode_tps_long\": %.3f, \"decode_long_bw_ratio\": %.4g, \"read_bw_long_gbs\": %.2f, \"huge_page_fraction\": %.3f}\n",
+           b->model_dir, b->threads, ops.name, d->bw0 / 1e9, d->best0 / 1e9, p->peak / 1e9,
+           b->P, ops.precision, b->P / p->secs, p->flops / 1e9, p->flops / p->peak,
+           p->ratio[0], p->ratio[1], p->ratio[2],
+           d->tps0, d->bytes0, gbs0 / 1e9, gbs0 / d->bw0, gbs0 / d->best0,
+           d->weights_bw / 1e9, gbs0 / d->weights_bw,
+           b->L, d->tpsL, gbsL / d->bwL, d->bwL / 1e9, b->huge);
+}
+
+/* The same numbers as a table for a person. */
+static void print_table(const BenchResult *b) {
+    const PrefillResult *p = &b->pre;
+    const DecodeResult *d = &b->dec;
+    const double gbs0 = d->bytes0 * d->tps0, gbsL = d->bytesL * d->tpsL; /* decode's reads, bytes/s */
+    printf("glm bench: %s (%d threads, %s kernels)\n", b->model_dir, b->threads, ops.name);
+    printf("  machine   read bandwidth %.1f GB/s (around the decode; its fastest passes %.1f), fp32 FMA peak %.1f GFLOP/s (around the prefill)\n",
+           d->bw0 / 1e9, d->best0 / 1e9, p->peak / 1e9);
+    if (b->huge >= 0) printf("  weights   %.0f%% on 2 MB pages%s\n", 100 * b->huge, b->huge < 0.9 ? " (4 KB pages slow decode: see README, Performance)" : "");
+    printf("  prefill   %d tokens (%s products): %.2f tok/s, %.1f GFLOP/s = %.2f x FMA peak (the median of %d runs: %.2f, %.2f, %.2f)\n", b->P,
+           ops.precision, b->P / p->secs, p->flops / 1e9, p->flops / p->peak, PREFILL_RUNS, p->ratio[0], p->ratio[1], p->ratio[2]);
+    printf("  decode    context 0: %.2f tok/s, %.3f GB/token, %.1f GB/s = %.2f x read bandwidth (%.2f x its fastest passes)\n", d->tps0,
+           d->bytes0 / 1e9, gbs0 / 1e9, gbs0 / d->bw0, gbs0 / d->best0);
+    printf("            (a streaming read of the weights' own pages, before each token too: %.1f GB/s; decode = %.2f x that)\n",
+           d->weights_bw / 1e9, gbs0 / d->weights_bw);
+    printf("  decode    context %d: %.2f tok/s, %.3f GB/token, %.1f GB/s = %.2f x read bandwidth (%.1f GB/s around it)\n", b->L, d->tpsL,
+           d->bytesL / 1e9, gbsL / 1e9, gbsL / d->bwL, d->bwL / 1e9);
+    printf("  slowdown  context 0 -> %d: %.2fx\n", b->L, d->tps0 / d->tpsL);
+}
+
+/* glm bench: the steps in the order the header describes, then one report. */
 int bench_run(const BenchArgs *a) {
     const int P = a->prompt, L = a->long_ctx, N = a->n_decode;
     g_quiet = a->json;
@@ -177,127 +371,19 @@ int bench_run(const BenchArgs *a) {
     Session S;
     session_open(&S, a->model_dir, ctx, a->n_gpus);
     if (P > S.kv.ctx || L + N > S.kv.ctx) glm_fatal("--ctx %d: too small for -P %d and --long %d + %d tokens", S.kv.ctx, P, L, N);
-    const int V = S.model.cfg.vocab_size;
 
-    double t0 = now_s();
-    step_begin("paging in the weights, measuring the read bandwidth");
-    prefault_weights(&S.model);
-    const size_t buf_n = (size_t)1 << 30; /* larger than any cache */
-    /* on 2 MB pages where the kernel offers them, like the weights: the bandwidth the
-     * decode is compared with is the best a streaming read gets on this machine */
-    uint8_t *buf = mmap(NULL, buf_n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (buf == MAP_FAILED) glm_fatal("out of memory allocating the bandwidth buffer");
-    madvise(buf, buf_n, MADV_HUGEPAGE);
-    memset(buf, 1, buf_n);
-    const Yardsticks yard = {buffer_runs(buf, buf_n), weights_runs(&S.model.ck)};
-    step_end(t0);
-    const double huge = huge_page_fraction(&S.model.ck);
+    /* the weights paged in before anything is timed; then the prefill, then the decodes */
+    Yardsticks yard = yardsticks_open(&S.model);
+    BenchResult b = {.model_dir = a->model_dir, .threads = threads, .P = P, .L = L};
+    b.huge = huge_page_fraction(&S.model.ck);
+    int *ids = random_ids(P > L ? P : L, S.model.cfg.vocab_size);
+    b.pre = timed_prefill(&S, ids, P);
+    b.dec = timed_decodes(&S, ids, L, N, &yard);
 
-    /* prefill P random tokens */
-    int *ids = xmalloc((size_t)(P > L ? P : L) * sizeof(int));
-    uint64_t rng = 12345;
-    for (int i = 0; i < (P > L ? P : L); i++) { rng = rng * 6364136223846793005ull + 1442695040888963407ull; ids[i] = (int)((rng >> 33) % (uint64_t)V); }
-    /* warm-up: the same prefill once untimed, so its scratch buffers are paged in (calloc'd
-     * memory is mapped on first write: a cold first prompt spent ~20% of its time in page
-     * faults, which is start-up cost, not prefill speed) */
-    t0 = now_s();
-    step_begin("prefill, a warm-up and three timed runs");
-    session_forward(&S, &S.kv, ids, P, NULL, 0);
-    /* PREFILL_RUNS timed runs, each against the FMA peak measured just before and after
-     * it (like the bandwidth around each decoded token); the run with the median ratio is
-     * reported. With one run, 1 in 8 glm bench runs of the same build once read 0.98x
-     * where the 7 others read 1.32-1.40x: the host took the cores away during it, and its
-     * prefill ran 36% slower than theirs while the short peak loops around it lost only
-     * 10%. */
-    enum { PREFILL_RUNS = 3 };
-    _Static_assert(PREFILL_RUNS == 3, "the table and --json below print three runs' ratios");
-    double t_run[PREFILL_RUNS], flops_run[PREFILL_RUNS], peak_run[PREFILL_RUNS], ratio_run[PREFILL_RUNS];
-    double peak_before = kernels.fma_peak();
-    for (int r = 0; r < PREFILL_RUNS; r++) {
-        S.kv.pos = 0;
-        double t1 = now_s();
-        session_forward(&S, &S.kv, ids, P, S.state.logits, 0);
-        t_run[r] = now_s() - t1;
-        flops_run[r] = forward_flops(&S.model, P, 0, 1) / t_run[r];
-        double peak_after = kernels.fma_peak();
-        peak_run[r] = 0.5 * (peak_before + peak_after);
-        ratio_run[r] = flops_run[r] / peak_run[r];
-        peak_before = peak_after;
-    }
-    int med = 0; /* the run whose ratio has as many runs above it as below */
-    for (int r = 0; r < PREFILL_RUNS; r++) {
-        int below = 0, above = 0;
-        for (int q = 0; q < PREFILL_RUNS; q++) below += ratio_run[q] < ratio_run[r], above += ratio_run[q] > ratio_run[r];
-        if (below <= PREFILL_RUNS / 2 && above <= PREFILL_RUNS / 2) med = r;
-    }
-    const double t_prefill = t_run[med], prefill_flops = flops_run[med], peak = peak_run[med];
-    step_end(t0);
-
-    /* decode at context 0 and after a long context (a cache filled by a prefill), a token
-     * of each in turn: both see the same moments of the host, so the slowdown between
-     * them is the code's. Run one after the other, a fall of the host's read between
-     * them (62.8 to 28.2 GB/s seen here) showed as a 2x slowdown. The GPU keeps one cache
-     * on the device, so there they still run one after the other. */
-    int interleave = 1;
-#ifdef GLM_GPU
-    interleave = !S.gpu;
-#endif
-    KVCache near; /* context 0 when interleaved: a cache of its own, N + 1 tokens */
-    kvcache_init(&near, &S.model, N + 1);
-    TimedDecode d0 = {.kv = interleave ? &near : &S.kv, .tok = 1}, dL = {.kv = &S.kv, .tok = 1};
-    S.kv.pos = 0;
-    t0 = now_s();
-    step_begin("decode at context 0 and after a long context, the read bandwidth before each token");
-    if (interleave) session_forward(&S, &S.kv, ids, L, NULL, 0); /* dL's long context */
-    for (int i = 0; i < N; i++) {
-        timed_decode_token(&S, &d0, &yard);
-        if (interleave) timed_decode_token(&S, &dL, &yard);
-    }
-    const double end_weights = read_rate(&yard.weights).mean; /* after the last token */
-    ReadRate end0 = read_rate(&yard.buffer), endL = end0;
-    if (!interleave) {
-        S.kv.pos = 0;
-        session_forward(&S, &S.kv, ids, L, NULL, 0);
-        for (int i = 0; i < N; i++) timed_decode_token(&S, &dL, &yard);
-        endL = read_rate(&yard.buffer);
-    }
-    step_end(t0);
-    /* each decode's read bandwidth: the reads before its tokens and one after the last */
-    const double bw0 = (d0.read.mean + end0.mean) / (N + 1), bwL = (dL.read.mean + endL.mean) / (N + 1);
-    const double wbw = (d0.weights + end_weights) / (N + 1);
-    const double best0 = (d0.read.best + end0.best) / (N + 1); /* the fastest passes: a stricter yardstick */
-    const double tps0 = N / d0.secs, tpsL = N / dL.secs, bytes0 = d0.bytes / N, bytesL = dL.bytes / N;
-    const double decode_bw_ratio = bytes0 * tps0 / bw0, long_bw_ratio = bytesL * tpsL / bwL;
-    kvcache_free(&near);
-
-    if (a->json) { /* ratios to 4 significant digits: a tiny test model's are ~1e-4, not 0.000 */
-        printf("{\"model\": \"%s\", \"threads\": %d, \"kernels\": \"%s\", \"read_bw_gbs\": %.2f, \"read_bw_best_gbs\": %.2f, \"fma_peak_gflops\": %.1f, "
-               "\"prefill_tokens\": %d, \"precision\": \"%s\", \"prefill_tps\": %.2f, \"prefill_gflops\": %.1f, \"prefill_peak_ratio\": %.4g, "
-               "\"prefill_peak_ratio_runs\": [%.4g, %.4g, %.4g], "
-               "\"decode_tps_ctx0\": %.3f, \"decode_bytes_per_token\": %.0f, \"decode_gbs\": %.2f, \"decode_bw_ratio\": %.4g, \"decode_best_bw_ratio\": %.4g, "
-               "\"weights_read_gbs\": %.2f, \"decode_weights_bw_ratio\": %.4g, "
-               "\"long_ctx\": %d, \"decode_tps_long\": %.3f, \"decode_long_bw_ratio\": %.4g, \"read_bw_long_gbs\": %.2f, \"huge_page_fraction\": %.3f}\n",
-               a->model_dir, threads, ops.name, bw0 / 1e9, best0 / 1e9, peak / 1e9, P, ops.precision, P / t_prefill, prefill_flops / 1e9, prefill_flops / peak,
-               ratio_run[0], ratio_run[1], ratio_run[2], tps0, bytes0, bytes0 * tps0 / 1e9, decode_bw_ratio, bytes0 * tps0 / best0, wbw / 1e9, bytes0 * tps0 / wbw, L, tpsL, long_bw_ratio, bwL / 1e9, huge);
-    } else {
-        printf("glm bench: %s (%d threads, %s kernels)\n", a->model_dir, threads, ops.name);
-        printf("  machine   read bandwidth %.1f GB/s (around the decode; its fastest passes %.1f), fp32 FMA peak %.1f GFLOP/s (around the prefill)\n",
-               bw0 / 1e9, best0 / 1e9, peak / 1e9);
-        if (huge >= 0) printf("  weights   %.0f%% on 2 MB pages%s\n", 100 * huge, huge < 0.9 ? " (4 KB pages slow decode: see README, Speed)" : "");
-        printf("  prefill   %d tokens (%s products): %.2f tok/s, %.1f GFLOP/s = %.2f x FMA peak (the median of %d runs: %.2f, %.2f, %.2f)\n", P,
-               ops.precision, P / t_prefill, prefill_flops / 1e9, prefill_flops / peak, PREFILL_RUNS, ratio_run[0], ratio_run[1], ratio_run[2]);
-        printf("  decode    context 0: %.2f tok/s, %.3f GB/token, %.1f GB/s = %.2f x read bandwidth (%.2f x its fastest passes)\n", tps0,
-               bytes0 / 1e9, bytes0 * tps0 / 1e9, decode_bw_ratio, bytes0 * tps0 / best0);
-        printf("            (a streaming read of the weights' own pages, before each token too: %.1f GB/s; decode = %.2f x that)\n", wbw / 1e9, bytes0 * tps0 / wbw);
-        printf("  decode    context %d: %.2f tok/s, %.3f GB/token, %.1f GB/s = %.2f x read bandwidth (%.1f GB/s around it)\n", L, tpsL,
-               bytesL / 1e9, bytesL * tpsL / 1e9, long_bw_ratio, bwL / 1e9);
-        printf("  slowdown  context 0 -> %d: %.2fx\n", L, tps0 / tpsL);
-    }
-    free(yard.buffer.run);
-    free(yard.weights.run);
-    munmap(buf, buf_n);
+    if (a->json) print_json(&b);
+    else print_table(&b);
+    yardsticks_close(&yard);
     free(ids);
     session_close(&S);
     return 0;
 }
-

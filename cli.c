@@ -46,6 +46,7 @@ typedef struct {
     int n_gen;               /* -n: tokens to generate (bench: tokens timed per decode) */
     int ctx;                 /* --ctx, 0 = default */
     int decode;              /* logits --decode: one token at a time */
+    int mtp;                 /* logits --mtp: the MTP layer's logits */
     int threads;             /* -t, 0 = one per core */
     float temperature, top_p;
     uint64_t seed;
@@ -70,6 +71,8 @@ static const Flag FLAGS[] = {
     {"--ids", "1,2,3", RUN | LOGITS | COMPARE, "the prompt as token ids"},
     {"-o", "FILE", LOGITS, "write float32 logits [n][vocab] here (required)"},
     {"--decode", NULL, LOGITS, "one token at a time through the KV cache (default: one prefill)"},
+    {"--mtp", NULL, LOGITS, "the MTP layer's logits instead, [n-1][vocab]: row i predicts id i+2\n"
+                            "from the main model's hidden state at i and id i+1"},
     {"-n", "N", RUN | CHAT, "tokens to generate (default 32; chat: per reply)"},
     {"-n", "N", BENCH, "decoded tokens timed at each context (default 32)"},
     {"-P", "N", BENCH, "tokens of the timed prefill (default 512)"},
@@ -166,6 +169,7 @@ static void set_flag(Args *a, const char *f, const char *v) {
     else if (!strcmp(f, "--ids")) a->ids = v;
     else if (!strcmp(f, "-o")) a->out = v;
     else if (!strcmp(f, "--decode")) a->decode = 1;
+    else if (!strcmp(f, "--mtp")) a->mtp = 1;
     else if (!strcmp(f, "-n") && !strcmp(a->cmd, "bench")) a->bench.n_decode = (int)parse_long(f, v, 1, 4096);
     else if (!strcmp(f, "-n")) a->n_gen = (int)parse_long(f, v, 0, 1 << 24);
     else if (!strcmp(f, "-P")) a->bench.prompt = (int)parse_long(f, v, 1, 1 << 20);
@@ -530,16 +534,29 @@ static float *all_logits(const Args *a, const char *dir, const int *ids, int n, 
     return logits;
 }
 
-/* glm logits: float32 [n][V], written under a temporary name and renamed at the end,
- * so a failure leaves no half-written file. */
+/* glm logits --mtp: the MTP layer's logits [n-1][V] (glm.c's session_mtp_logits). */
+static float *mtp_logits(const Args *a, const char *dir, const int *ids, int n, int one_at_a_time) {
+    if (n < 2) glm_fatal("logits --mtp: needs at least 2 ids (row i pairs the hidden state at i with id i+1)");
+    Config probe;
+    config_load(&probe, dir);
+    Session S;
+    session_open_mtp(&S, dir, session_ctx(a, &probe, n), a->n_gpus);
+    float *logits = xmalloc((size_t)(n - 1) * S.model.cfg.vocab_size * sizeof(float));
+    session_mtp_logits(&S, ids, n, logits, one_at_a_time);
+    session_close(&S);
+    return logits;
+}
+
+/* glm logits: float32 [n][V] ([n-1][V] with --mtp), written under a temporary name and
+ * renamed at the end, so a failure leaves no half-written file. */
 static int cmd_logits(const Args *a) {
     if (!a->ids) glm_fatal("logits: --ids is required");
     if (!a->out) glm_fatal("logits: -o FILE is required");
     Config probe;
     config_load(&probe, a->model_dirs[0]);
     int n, *ids = parse_ids(a->ids, probe.vocab_size, &n);
-    float *logits = all_logits(a, a->model_dirs[0], ids, n, a->decode);
-    const size_t count = (size_t)n * probe.vocab_size;
+    float *logits = a->mtp ? mtp_logits(a, a->model_dirs[0], ids, n, a->decode) : all_logits(a, a->model_dirs[0], ids, n, a->decode);
+    const size_t count = (size_t)(a->mtp ? n - 1 : n) * probe.vocab_size;
     size_t len = strlen(a->out);
     char *tmp = xmalloc(len + 16);
     snprintf(tmp, len + 16, "%s.partial", a->out);

@@ -548,9 +548,9 @@ static void unabsorb(const Config *c, const Layer *L, RunState *s, int n) {
  * cached row while it is in L1 and a long context is read once per block rather than
  * once per head. A prompt chunk in the default precision runs every product in bf16
  * (vdpbf16ps), its panels built from W_UK's rows and the cached latents rounded to bf16. */
-static void fast_mla_attend(const Model *m, const Layer *L, const KVCache *kv, RunState *s, int layer, int n) {
+static void fast_mla_attend(const Model *m, const Layer *L, const KVCache *kv, RunState *s, int layer, int n, int pos0) {
     const Config *c = &m->cfg;
-    const int NH = c->n_heads, KR = c->kv_lora_rank, AD = KR + c->qk_rope, K = c->index_topk, pos0 = kv->pos;
+    const int NH = c->n_heads, KR = c->kv_lora_rank, AD = KR + c->qk_rope, K = c->index_topk;
     const float *latent = kv->latent + (size_t)layer * kv->ctx * AD;
     const float scale = 1.0f / sqrtf((float)(c->qk_nope + c->qk_rope)); /* pitfall 7 */
     const int bf16 = n >= 8 && g_lat_bf16 && AD % 2 == 0;

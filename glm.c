@@ -19,6 +19,7 @@
  *   4. MLA attention, absorbed (§4.2)
  *   5. the MLP and the MoE (§3.7, §3.8)
  *   6. the whole model: forward() (§3.9)
+ *   6b. the MTP layer: mtp_forward() (§5)
  *   7. activations and the KV cache
  *   8. what a step costs, for the speed reports
  *   9. sampling
@@ -298,7 +299,9 @@ static void mla_unabsorb(const Config *c, const Layer *L, RunState *s, int n) {
     }
 }
 
-void mla_attend_absorbed(const Model *m, const Layer *L, const KVCache *kv, RunState *s, int layer, int n) {
+/* pos0 is unused here: the selection (s->sel) names every cached row a token reads. */
+void mla_attend_absorbed(const Model *m, const Layer *L, const KVCache *kv, RunState *s, int layer, int n, int pos0) {
+    (void)pos0;
     const Config *c = &m->cfg;
     const int NH = c->n_heads, KR = c->kv_lora_rank, AD = KR + c->qk_rope, K = c->index_topk;
     const float *latent = kv->latent + (size_t)layer * kv->ctx * AD;
@@ -314,7 +317,9 @@ void mla_attend_absorbed(const Model *m, const Layer *L, const KVCache *kv, RunS
 
 /* One attention block for the chunk (§3.3): the projections, the new tokens' latent
  * rows into the cache, the indexer ("full" layers) or the previous layer's selection
- * ("shared" layers, IndexShare §3.6), attention, o_proj. Reads s->a, writes s->out. */
+ * ("shared" layers, IndexShare §3.6), attention, o_proj. Reads s->a, writes s->out.
+ * `layer` is the layer's latent row of the cache (n_layers for the MTP layer), pos0 the
+ * position of the chunk's first token (the MTP layer counts its own, kv->mtp_pos). */
 static void attention(const Model *m, const Layer *L, KVCache *kv, RunState *s, int layer, int n, int pos0) {
     const Config *c = &m->cfg;
     const int NH = c->n_heads, DN = c->qk_nope, DR = c->qk_rope, KR = c->kv_lora_rank, AD = KR + DR, QR = c->q_lora_rank;
@@ -335,7 +340,7 @@ static void attention(const Model *m, const Layer *L, KVCache *kv, RunState *s, 
         rope(row + KR, DR, cs);
     }
     if (ix) indexer(m, L, kv, s, n, pos0); /* a shared layer keeps s->sel */
-    ops.mla_attend(m, L, kv, s, layer, n);
+    ops.mla_attend(m, L, kv, s, layer, n, pos0);
     ops.matmul(s->out, s->o_heads, &L->o, n);
 }
 
@@ -436,38 +441,106 @@ static void add_rows(float *x, const float *out, int B, int H) { /* the residual
     for (int t = 0; t < B; t++) axpy(x + (size_t)t * H, 1.0f, out + (size_t)t * H, H);
 }
 
-/* One decoder layer on the chunk's B tokens at positions pos0..: pre-norm attention
- * and pre-norm MLP (dense layers) or MoE, each added to the residual stream s->x. */
-static void layer_forward(const Model *m, int l, KVCache *kv, RunState *s, int B, int pos0) {
+/* One decoder layer L on the chunk's B tokens at positions pos0..: pre-norm attention
+ * and pre-norm MLP (dense layers) or MoE, each added to the residual stream s->x. The
+ * layer comes as (L, l), not as an index into m->layers, so that the MTP layer (l =
+ * n_layers, its latent row of the cache) runs through the same code. */
+static void layer_forward(const Model *m, const Layer *L, int l, KVCache *kv, RunState *s, int B, int pos0) {
     const Config *c = &m->cfg;
-    const Layer *L = &m->layers[l];
     const int H = c->hidden;
     rmsnorm_rows(s->a, s->x, L->input_norm, B, H, c->rms_eps);
     attention(m, L, kv, s, l, B, pos0);
     add_rows(s->x, s->out, B, H);
     rmsnorm_rows(s->a, s->x, L->post_norm, B, H, c->rms_eps);
-    if (c->dense[l]) swiglu(s->out, s->a, &L->gate, &L->up, &L->down, s->h1, s->h2, B);
+    if (L->dense) swiglu(s->out, s->a, &L->gate, &L->up, &L->down, s->h1, s->h2, B);
     else moe(m, L, s, s->a, s->out, B);
     add_rows(s->x, s->out, B, H);
 }
 
+/* The output head of a chunk (§3.9; the MTP layer's with its shared_head.norm): rows
+ * start..start+B-1 of n are s->x; RMSNorm(x; norm) -> hidden (if wanted) and -> lm_head ->
+ * logits of every row (all_logits) or of the n-th only. Only the rows asked for are
+ * normed: a decoded token's step norms just itself. */
+static void head(const Model *m, const float *norm, RunState *s, int start, int B, int n, float *logits, int all_logits,
+                 float *hidden) {
+    const int H = m->cfg.hidden, V = m->cfg.vocab_size;
+    if (all_logits || hidden) {
+        rmsnorm_rows(s->a, s->x, norm, B, H, m->cfg.rms_eps);
+        if (hidden) memcpy(hidden + (size_t)start * H, s->a, (size_t)B * H * sizeof(float));
+        if (all_logits) ops.matmul(logits + (size_t)start * V, s->a, &m->lm_head, B);
+    }
+    if (!all_logits && logits && start + B == n) { /* the last token only */
+        rmsnorm(s->a, s->x + (size_t)(B - 1) * H, norm, H, m->cfg.rms_eps);
+        ops.matmul(logits, s->a, &m->lm_head, 1);
+    }
+}
+
 /* A prompt runs in chunks of s->cap tokens: each chunk's weights are read once for all
  * its tokens, and its cache rows are written before the next chunk attends to them. */
-void forward(const Model *m, KVCache *kv, RunState *s, const int *tokens, int n, float *logits, int all_logits) {
+void forward_hidden(const Model *m, KVCache *kv, RunState *s, const int *tokens, int n, float *logits, int all_logits,
+                    float *hidden) {
     const Config *c = &m->cfg;
-    const int H = c->hidden, V = c->vocab_size;
+    const int H = c->hidden;
     for (int start = 0; start < n; start += s->cap) {
         const int B = n - start < s->cap ? n - start : s->cap, pos0 = kv->pos;
         for (int t = 0; t < B; t++) mat_dequant_row(&m->embed, tokens[start + t], s->x + (size_t)t * H);
-        for (int l = 0; l < c->n_layers; l++) layer_forward(m, l, kv, s, B, pos0);
+        for (int l = 0; l < c->n_layers; l++) layer_forward(m, &m->layers[l], l, kv, s, B, pos0);
         kv->pos += B;
-        if (all_logits) {
-            rmsnorm_rows(s->a, s->x, m->final_norm, B, H, c->rms_eps);
-            ops.matmul(logits + (size_t)start * V, s->a, &m->lm_head, B);
-        } else if (logits && start + B == n) { /* the last token only */
-            rmsnorm(s->a, s->x + (size_t)(B - 1) * H, m->final_norm, H, c->rms_eps);
-            ops.matmul(logits, s->a, &m->lm_head, 1);
-        }
+        head(m, m->final_norm, s, start, B, n, logits, all_logits, hidden);
+    }
+}
+
+/* Every caller but the MTP path wants the logits only. */
+void forward(const Model *m, KVCache *kv, RunState *s, const int *tokens, int n, float *logits, int all_logits) {
+    forward_hidden(m, kv, s, tokens, n, logits, all_logits, NULL);
+}
+
+/* ======================================================================== */
+/* 6b. the MTP layer (§5)                                                   */
+/*
+ * From the main model's h_t and the token x_{t+1}, a prediction of x_{t+2}:
+ *   u = eh_proj · [RMSNorm(embed(x_{t+1}); enorm) ; RMSNorm(h_t; hnorm)]   (embedding first)
+ *   u = DecoderLayer_{n_layers}(u) at position t      (own MLA rows, own indexer, MoE)
+ *   logits = lm_head · RMSNorm(u; shared_head.norm)    (the main model's lm_head)
+ * h_t is the main model's FINAL-NORMED hidden state (model.norm's output, the lm_head's
+ * input), as in vLLM (deepseek_mtp.py takes the target model's output, which
+ * DeepseekV2Model returns after self.norm), SGLang (deepseek_nextn.py's
+ * spec_info.hidden_states is what the logits processor fed to lm_head) and Megatron-LM's
+ * training (the MTP block takes the decoder's output after its final_layernorm); see
+ * docs/MODEL.md §5.1.
+ */
+
+/* The MTP layer's input for the chunk's B rows into s->x: u = eh_proj · [RMSNorm(embed(
+ * next[t]); enorm) ; RMSNorm(h[t]; hnorm)]. The embedding is NOT zeroed at position 0
+ * (vLLM zeroes it, "not needed by MTP"): §5.1 has no mask, SGLang and Megatron-LM's
+ * training feed the real embedding at every position, and at t = 0 the pair (h_0, x_1)
+ * is as real an input as any other. (A mask would change row 0's input only, but later
+ * rows would see it through the MTP layer's attention.) */
+static void mtp_input(const Model *m, RunState *s, const float *h, const int *next, int B) {
+    const Mtp *P = m->mtp;
+    const int H = m->cfg.hidden;
+    const float eps = m->cfg.rms_eps;
+#pragma omp parallel for if (B > 1)
+    for (int t = 0; t < B; t++) {
+        float *e = s->a + (size_t)t * H, *eh = s->eh + (size_t)t * 2 * H;
+        mat_dequant_row(&m->embed, next[t], e);
+        rmsnorm(eh, e, P->enorm, H, eps);
+        rmsnorm(eh + H, h + (size_t)t * H, P->hnorm, H, eps);
+    }
+    ops.matmul(s->x, s->eh, &P->eh_proj, B);
+}
+
+/* In chunks of s->cap rows, as forward(): the rows of a chunk are cached (latent row
+ * n_layers, indexer slot n_index_layers) before the next chunk attends to them. */
+void mtp_forward(const Model *m, KVCache *kv, RunState *s, const float *hidden, const int *next, int n, float *logits,
+                 int all_logits) {
+    const int H = m->cfg.hidden;
+    for (int start = 0; start < n; start += s->cap) {
+        const int B = n - start < s->cap ? n - start : s->cap, pos0 = kv->mtp_pos;
+        mtp_input(m, s, hidden + (size_t)start * H, next + start, B);
+        layer_forward(m, &m->mtp->layer, m->cfg.n_layers, kv, s, B, pos0);
+        kv->mtp_pos += B;
+        head(m, m->mtp->head_norm, s, start, B, n, logits, all_logits, NULL);
     }
 }
 
@@ -501,6 +574,7 @@ void runstate_init(RunState *s, const Config *c, int cap, int ctx) {
     s->o_lat = xmalloc(B * c->n_heads * c->kv_lora_rank * sizeof(float));
     s->o_heads = xmalloc(B * c->n_heads * c->v_head * sizeof(float));
     s->out = xmalloc(B * c->hidden * sizeof(float));
+    s->eh = c->n_mtp ? xmalloc(B * 2 * c->hidden * sizeof(float)) : NULL; /* 2H per token, when config.json announces MTP */
     s->scores = xmalloc((size_t)max_threads() * ctx * sizeof(float));
     s->ix_q = xmalloc(B * c->index_n_heads * c->index_head_dim * sizeof(float));
     s->ix_k = xmalloc(B * c->index_head_dim * sizeof(float));
@@ -520,25 +594,30 @@ void runstate_init(RunState *s, const Config *c, int cap, int ctx) {
 }
 
 void runstate_free(RunState *s) {
-    void *all[] = {s->x, s->a, s->cq, s->q, s->ckv, s->q_abs, s->o_lat, s->o_heads, s->out, s->scores, s->ix_q, s->ix_k,
+    void *all[] = {s->x, s->a, s->cq, s->q, s->ckv, s->q_abs, s->o_lat, s->o_heads, s->out, s->eh, s->scores, s->ix_q, s->ix_k,
                    s->ix_w, s->sel, s->n_sel, s->router, s->ex_idx, s->ex_w, s->ex_tokens, s->ex_x, s->ex_y, s->h1, s->h2, s->logits};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) free(all[i]);
     if (ops.release) ops.release();
 }
+
+/* The layers with cache rows: the main ones, then the MTP layer (if any), whose rows
+ * are its own (§5.1: it attends over its own past, not the main layers'). */
+static int latent_layers(const Model *m) { return m->cfg.n_layers + (m->mtp != NULL); }
+static int index_layers(const Model *m) { return m->n_index_layers + (m->mtp != NULL); }
 
 /* What each token leaves behind for later tokens (§4.1): per layer its latent row
  * (KR + DR floats), per indexer layer its indexer key (ID floats). */
 void kvcache_init(KVCache *kv, const Model *m, int ctx) {
     const Config *c = &m->cfg;
     kv->ctx = ctx;
-    kv->pos = 0;
-    kv->latent = xcalloc((size_t)c->n_layers * ctx * (c->kv_lora_rank + c->qk_rope), sizeof(float));
-    kv->index_k = xcalloc((size_t)(m->n_index_layers ? m->n_index_layers : 1) * ctx * c->index_head_dim, sizeof(float));
+    kv->pos = kv->mtp_pos = 0;
+    kv->latent = xcalloc((size_t)latent_layers(m) * ctx * (c->kv_lora_rank + c->qk_rope), sizeof(float));
+    kv->index_k = xcalloc((size_t)(index_layers(m) ? index_layers(m) : 1) * ctx * c->index_head_dim, sizeof(float));
 }
 
 size_t kvcache_bytes(const Model *m, int ctx) {
     const Config *c = &m->cfg;
-    return (size_t)ctx * ((size_t)c->n_layers * (c->kv_lora_rank + c->qk_rope) + (size_t)m->n_index_layers * c->index_head_dim) * sizeof(float);
+    return (size_t)ctx * ((size_t)latent_layers(m) * (c->kv_lora_rank + c->qk_rope) + (size_t)index_layers(m) * c->index_head_dim) * sizeof(float);
 }
 
 void kvcache_free(KVCache *kv) { free(kv->latent); free(kv->index_k); }
@@ -672,10 +751,22 @@ int sample(Sampler *sp, float *logits, int V) {
 /* ======================================================================== */
 /* 10. a session                                                            */
 
-void session_open(Session *S, const char *dir, int ctx, int n_gpus) {
+/* What glm logits --mtp (and later speculative decoding) needs: an MTP layer, on the
+ * CPU. Checked right after loading, so a refusal is the only line printed. */
+static void need_mtp(const Model *m, int n_gpus) {
+    if (!m->mtp && !m->cfg.n_mtp)
+        glm_fatal("--mtp: %s has no MTP layer (config.json: num_nextn_predict_layers 0)", m->ck.dir);
+    if (!m->mtp) glm_fatal("--mtp: %s has no MTP layer (no model.layers.%d.* tensors)", m->ck.dir, m->cfg.n_layers);
+    if (n_gpus) glm_fatal("--mtp: the MTP layer runs on the CPU only (leave out --gpu)");
+}
+
+/* Loads the model, sizes its cache and activations for ctx tokens, prints one summary
+ * line, then with n_gpus uploads it; mtp: the caller runs the MTP layer (need_mtp). */
+static void session_start(Session *S, const char *dir, int ctx, int n_gpus, int mtp) {
     memset(S, 0, sizeof *S);
     double t0 = now_s();
     model_load(&S->model, dir);
+    if (mtp) need_mtp(&S->model, n_gpus);
     kvcache_init(&S->kv, &S->model, ctx);
     runstate_init(&S->state, &S->model.cfg, ctx < PREFILL_CHUNK ? ctx : PREFILL_CHUNK, ctx);
     fprintf(stderr, "glm: %s: %d layers, %.2f GB of weights in %d shard(s), loaded in %.2f s; KV cache %d tokens x %zu bytes = %.1f MiB; %d threads, %s kernels\n",
@@ -687,6 +778,10 @@ void session_open(Session *S, const char *dir, int ctx, int n_gpus) {
     if (n_gpus) glm_fatal("--gpu: this glm was built without GPU support (build it with make hip, make cuda or make emu)");
 #endif
 }
+
+/* Two names rather than a flag, so the callers that never run the MTP layer stay as they were. */
+void session_open(Session *S, const char *dir, int ctx, int n_gpus) { session_start(S, dir, ctx, n_gpus, 0); }
+void session_open_mtp(Session *S, const char *dir, int ctx, int n_gpus) { session_start(S, dir, ctx, n_gpus, 1); }
 
 void session_close(Session *S) {
 #ifdef GLM_GPU
@@ -710,6 +805,26 @@ void session_forward(Session *S, KVCache *kv, const int *tokens, int n, float *l
     }
 #endif
     forward(&S->model, kv, &S->state, tokens, n, logits, all_logits);
+}
+
+/* glm logits --mtp. Decoding one token at a time, the MTP layer's row t runs as soon as
+ * the main model has h_t and token t+1 is known: the order speculative decoding uses. */
+void session_mtp_logits(Session *S, const int *ids, int n, float *logits, int one_at_a_time) {
+    const Model *m = &S->model;
+    const int H = m->cfg.hidden, V = m->cfg.vocab_size;
+    need_mtp(m, S->gpu != NULL);
+    if (n < 2) glm_fatal("--mtp: needs at least 2 ids (row i pairs h_i with ids[i+1])");
+    float *hidden = xmalloc((size_t)n * H * sizeof(float)); /* h_0 .. h_{n-1} */
+    if (one_at_a_time) {
+        for (int t = 0; t < n; t++) {
+            forward_hidden(m, &S->kv, &S->state, ids + t, 1, NULL, 0, hidden + (size_t)t * H);
+            if (t) mtp_forward(m, &S->kv, &S->state, hidden + (size_t)(t - 1) * H, ids + t, 1, logits + (size_t)(t - 1) * V, 0);
+        }
+    } else {
+        forward_hidden(m, &S->kv, &S->state, ids, n, NULL, 0, hidden);
+        mtp_forward(m, &S->kv, &S->state, hidden, ids + 1, n - 1, logits, 1);
+    }
+    free(hidden);
 }
 
 /* On the GPU the draw happens on the device, from the same generator's numbers. */

@@ -28,7 +28,7 @@ typedef struct {
     int vocab_size;          /* V: rows of embed_tokens and lm_head */
     int hidden;              /* H */
     int n_layers;            /* decoder layers 0..n_layers-1; the MTP layer (if any) is n_layers */
-    int n_mtp;               /* num_nextn_predict_layers: checked when loading, not run */
+    int n_mtp;               /* num_nextn_predict_layers (0 or 1): the MTP layer, if the checkpoint has it */
     int n_heads;             /* NH */
     int q_lora_rank;         /* QR */
     int kv_lora_rank;        /* KR: the cached latent width */
@@ -71,6 +71,7 @@ typedef struct {
 
 /* One decoder layer. Matrices a layer does not have are left zeroed (rows == 0). */
 typedef struct {
+    int dense;               /* 1 = dense MLP (gate, up, down), 0 = MoE (router, experts) */
     float *input_norm;       /* [H] RMSNorm before attention */
     float *post_norm;        /* [H] RMSNorm before the MLP / MoE */
     /* MLA attention */
@@ -134,23 +135,39 @@ typedef struct {
     char **names; int *file_of; int n_names;
 } ShardIndex;
 
+/* The MTP (multi-token prediction) layer, model.layers.{n_layers} (docs/MODEL.md §2.3, §5):
+ * from the main model's hidden state at t and the token at t+1 it predicts the token at
+ * t+2. It has no embedding or lm_head of its own: it uses the main model's. */
+typedef struct {
+    float *enorm;            /* [H] RMSNorm of the next token's embedding */
+    float *hnorm;            /* [H] RMSNorm of the main model's (final-normed) hidden state */
+    Mat eh_proj;             /* [H, 2H]: input columns 0..H-1 the embedding branch, H..2H-1 the hidden branch */
+    float *head_norm;        /* [H] shared_head.norm: RMSNorm before the main model's lm_head */
+    Layer layer;             /* a MoE decoder layer with its own indexer (index_slot n_index_layers) */
+    size_t bytes;            /* its matrices and vectors (not in Model.weight_bytes) */
+} Mtp;
+
 typedef struct {
     Config cfg;
     Checkpoint ck;
     Mat embed;               /* [V, H] */
     float *final_norm;       /* [H] */
     Mat lm_head;             /* [V, H] */
-    Layer *layers;           /* [n_layers] (the MTP layer is checked, not kept) */
-    int n_index_layers;      /* how many layers own an indexer-key cache */
+    Layer *layers;           /* [n_layers] */
+    Mtp *mtp;                /* the MTP layer, NULL if the checkpoint has none (§5: optional) */
+    int n_index_layers;      /* how many main layers own an indexer-key cache */
     size_t weight_bytes;     /* all matrices and vectors used by the main forward */
 } Model;
 
-/* KV cache: what each token leaves behind for later tokens (docs/MODEL.md §4.1). */
+/* KV cache: what each token leaves behind for later tokens (docs/MODEL.md §4.1). The
+ * MTP layer, if the model has one, has its own rows after the main layers': latent row
+ * n_layers and indexer-key slot n_index_layers. */
 typedef struct {
     int ctx;                 /* T: capacity in tokens */
-    int pos;                 /* tokens cached so far */
-    float *latent;           /* [n_layers][T][KR+DR]: post-norm latent c, then roped k_pe */
-    float *index_k;          /* [n_index_layers][T][ID]: post-LayerNorm, roped indexer keys */
+    int pos;                 /* tokens cached so far (main layers) */
+    int mtp_pos;             /* MTP-layer rows cached so far (row t pairs h_t with token t+1, §5.1) */
+    float *latent;           /* [n_layers (+1 MTP)][T][KR+DR]: post-norm latent c, then roped k_pe */
+    float *index_k;          /* [n_index_layers (+1 MTP)][T][ID]: post-LayerNorm, roped indexer keys */
 } KVCache;
 
 /* ------------------------------------------------------------------------ */
@@ -219,6 +236,7 @@ typedef struct {
     float *o_lat;            /* [cap][NH][KR] attention output in latent space */
     float *o_heads;          /* [cap][NH*DV] */
     float *out;              /* [cap][H] output of attention / MLP before the residual add */
+    float *eh;               /* [cap][2H] the MTP layer's input, [RMSNorm(embedding) ; RMSNorm(h)] (NULL without MTP) */
     float *scores;           /* [threads][T] one thread's indexer or attention scores */
     float *ix_q;             /* [cap][IH*ID] */
     float *ix_k;             /* [cap][ID] */
@@ -252,9 +270,9 @@ typedef struct {
     /* the DSA indexer's score of n_keys cached keys [n_keys][ID] for one query token:
      * q [IH][ID] (roped), w [IH] (head gates) */
     void (*index_scores)(const Config *c, const float *q, const float *w, const float *keys, int n_keys, float *score);
-    /* absorbed MLA for the chunk's tokens over their selected keys (s->sel): s->q ->
-     * s->o_heads (§4.2) */
-    void (*mla_attend)(const Model *m, const Layer *L, const KVCache *kv, RunState *s, int layer, int n);
+    /* absorbed MLA for the chunk's n tokens at positions pos0.. over their selected keys
+     * (s->sel) in latent row `layer` of the cache: s->q -> s->o_heads (§4.2) */
+    void (*mla_attend)(const Model *m, const Layer *L, const KVCache *kv, RunState *s, int layer, int n, int pos0);
     /* the shared and the routed experts of a MoE layer, routing done (s->ex_idx, s->ex_w) */
     void (*moe_experts)(const Model *m, const Layer *L, RunState *s, const float *x, float *y, int n);
     /* scratch for chunks of cap tokens and contexts of ctx (may be NULL) */
@@ -268,7 +286,7 @@ extern Ops ops;
 void matmul(float *y, const float *x, const Mat *W, int n);
 void matmul_group(const Product *p, int np, int n);
 void index_scores(const Config *c, const float *q, const float *w, const float *keys, int n_keys, float *score);
-void mla_attend_absorbed(const Model *m, const Layer *L, const KVCache *kv, RunState *s, int layer, int n);
+void mla_attend_absorbed(const Model *m, const Layer *L, const KVCache *kv, RunState *s, int layer, int n, int pos0);
 void moe_experts(const Model *m, const Layer *L, RunState *s, const float *x, float *y, int n);
 void softmax(float *x, int n);
 /* RoPE (§3.2): cs[2i], cs[2i+1] = cos, sin of pos·theta^(-2i/dims), i < dims/2 (the GPU
@@ -285,6 +303,16 @@ size_t kvcache_bytes(const Model *m, int ctx);
 /* Runs tokens[0..n) at positions kv->pos.. and appends them to the cache. Writes
  * logits [n][V] if all_logits, else only the last token's [V] (logits may be NULL). */
 void forward(const Model *m, KVCache *kv, RunState *s, const int *tokens, int n, float *logits, int all_logits);
+/* forward() that also writes hidden [n][H] (if not NULL): each token's final-normed
+ * hidden state, the lm_head's input and the MTP layer's h_t (§5.1) */
+void forward_hidden(const Model *m, KVCache *kv, RunState *s, const int *tokens, int n, float *logits, int all_logits,
+                    float *hidden);
+/* The MTP layer (§5.1, m->mtp required) at its positions t = kv->mtp_pos.. for n rows:
+ * row i pairs the main model's hidden[i] (its h_t) with next[i] (the token at t+1) and
+ * predicts the token at t+2. Appends the rows to the MTP layer's cache; writes logits
+ * [n][V] if all_logits, else only the last row's [V] (logits may be NULL). */
+void mtp_forward(const Model *m, KVCache *kv, RunState *s, const float *hidden, const int *next, int n, float *logits,
+                 int all_logits);
 /* What forward() reads and computes, for the speed reports (not measured: counted
  * from the shapes): the weight and cache bytes one decoded token reads at cache
  * position pos, and the FLOPs (2 per multiply-add) of n tokens at positions pos0..
@@ -315,10 +343,18 @@ typedef struct {
     const float *gpu_logits; /* the host copy of the device's last logits (session_sample) */
 } Session;
 void session_open(Session *S, const char *dir, int ctx, int n_gpus);
+/* session_open for a caller that runs the MTP layer: fatal (the only line printed) if
+ * the checkpoint has none, or with n_gpus (the GPU path does not run it) */
+void session_open_mtp(Session *S, const char *dir, int ctx, int n_gpus);
 void session_close(Session *S);
 /* forward() on kv (S->kv unless a second cache), on the GPU when there is one */
 void session_forward(Session *S, KVCache *kv, const int *tokens, int n, float *logits, int all_logits);
 int session_sample(Session *S, Sampler *sp, float *logits);
+/* glm logits --mtp (a session_open_mtp session): the main model runs ids[0..n) (n >= 2)
+ * from an empty cache, then the MTP layer pairs h_i with ids[i+1]: logits [n-1][V], row
+ * i the MTP layer's prediction of ids[i+2]. one_at_a_time: both one token per step
+ * (decode, the MTP row as soon as its token is known), else one prefill each. */
+void session_mtp_logits(Session *S, const int *ids, int n, float *logits, int one_at_a_time);
 
 /* GPU forward pass (glm_hip.hip; linked only into the GLM_GPU builds: make hip | cuda | emu).
  * gpu_load prints the plan (layers and bytes per device), stops if it does not fit,

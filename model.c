@@ -921,12 +921,13 @@ static Mat load_matrix(Model *m, const char *prefix, int rows, int cols) {
     return W;
 }
 
-/* Loads one decoder layer (also used to check the MTP layer, whose weights are not kept). */
+/* Loads one decoder layer: a main one, or the MTP layer's (l = n_layers). */
 static void load_layer(Model *m, Layer *L, int l, int dense, int full) {
     const Config *c = &m->cfg;
     char p[160], n[200];
     tensor_name(p, sizeof p, "model.layers.%d", l);
 #define NAME(...) (tensor_name(n, sizeof n, __VA_ARGS__), n)
+    L->dense = dense;
     L->input_norm = load_vector(m, NAME("%s.input_layernorm.weight", p), c->hidden);
     L->post_norm = load_vector(m, NAME("%s.post_attention_layernorm.weight", p), c->hidden);
     L->q_a = load_matrix(m, NAME("%s.self_attn.q_a_proj", p), c->q_lora_rank, c->hidden);
@@ -984,6 +985,30 @@ static void layer_free(Layer *L, int n_experts) {
     free(L->ex_gate); free(L->ex_up); free(L->ex_down);
 }
 
+/* The MTP layer (§2.3, §5) when config.json announces one (num_nextn_predict_layers 1):
+ * a MoE decoder layer with its own indexer (cache slot after the main layers'), plus
+ * enorm, hnorm, eh_proj and shared_head.norm. Some releases drop it (docs/FORMATS.md
+ * §2.3): absent is fine (m->mtp stays NULL), broken is not. Its bytes are counted in
+ * Mtp.bytes, not in weight_bytes: the main forward never reads them. */
+static void load_mtp(Model *m) {
+    const Config *c = &m->cfg;
+    const int l = c->n_layers, H = c->hidden;
+    char n[128];
+    snprintf(n, sizeof n, "model.layers.%d.input_layernorm.weight", l);
+    if (!c->n_mtp || !checkpoint_find(&m->ck, n)) return;
+    const size_t main_bytes = m->weight_bytes;
+    Mtp *P = xcalloc(1, sizeof *P);
+    load_layer(m, &P->layer, l, 0, 1);
+    P->layer.index_slot = m->n_index_layers;
+    snprintf(n, sizeof n, "model.layers.%d.enorm.weight", l); P->enorm = load_vector(m, n, H);
+    snprintf(n, sizeof n, "model.layers.%d.hnorm.weight", l); P->hnorm = load_vector(m, n, H);
+    snprintf(n, sizeof n, "model.layers.%d.shared_head.norm.weight", l); P->head_norm = load_vector(m, n, H);
+    snprintf(n, sizeof n, "model.layers.%d.eh_proj", l); P->eh_proj = load_matrix(m, n, H, 2 * H);
+    P->bytes = m->weight_bytes - main_bytes;
+    m->weight_bytes = main_bytes;
+    m->mtp = P;
+}
+
 void model_load(Model *m, const char *dir) {
     memset(m, 0, sizeof *m);
     number_tables_init();
@@ -998,30 +1023,16 @@ void model_load(Model *m, const char *dir) {
         load_layer(m, &m->layers[l], l, c->dense[l], c->full_index[l]);
         if (c->full_index[l]) m->layers[l].index_slot = m->n_index_layers++;
     }
-    /* The MTP layer (§5) is checked so a broken file is caught now, then dropped:
-     * it does not influence the main model's logits. */
-    size_t main_bytes = m->weight_bytes;
-    char mtp_probe[96];
-    snprintf(mtp_probe, sizeof mtp_probe, "model.layers.%d.input_layernorm.weight", c->n_layers);
-    /* Some releases drop the MTP layer (docs/FORMATS.md §2.3): absent is fine, broken is not. */
-    if (c->n_mtp && checkpoint_find(&m->ck, mtp_probe)) {
-        int l = c->n_layers;
-        Layer mtp = {0};
-        char n[128];
-        load_layer(m, &mtp, l, 0, 1);
-        snprintf(n, sizeof n, "model.layers.%d.enorm.weight", l); free(load_vector(m, n, c->hidden));
-        snprintf(n, sizeof n, "model.layers.%d.hnorm.weight", l); free(load_vector(m, n, c->hidden));
-        snprintf(n, sizeof n, "model.layers.%d.shared_head.norm.weight", l); free(load_vector(m, n, c->hidden));
-        snprintf(n, sizeof n, "model.layers.%d.eh_proj", l);
-        Mat eh = load_matrix(m, n, c->hidden, 2 * c->hidden);
-        free((void *)eh.fp8_scale);
-        layer_free(&mtp, c->n_experts);
-    }
-    m->weight_bytes = main_bytes;
+    load_mtp(m);
 }
 
 void model_free(Model *m) {
     for (int l = 0; l < m->cfg.n_layers; l++) layer_free(&m->layers[l], m->cfg.n_experts);
+    if (m->mtp) {
+        layer_free(&m->mtp->layer, m->cfg.n_experts);
+        free(m->mtp->enorm); free(m->mtp->hnorm); free(m->mtp->head_norm); free((void *)m->mtp->eh_proj.fp8_scale);
+        free(m->mtp);
+    }
     free(m->layers); free(m->final_norm);
     free((void *)m->embed.fp8_scale); free((void *)m->lm_head.fp8_scale);
     checkpoint_close(&m->ck);

@@ -1,9 +1,10 @@
 #!/usr/bin/python3
 """Independent NumPy float64 reference forward pass for GLM-5.2 (glm_moe_dsa).
 
-Written from docs/MODEL.md (§1-§4, §7) and docs/FORMATS.md (§1-§4) only.
+Written from docs/MODEL.md (§1-§5, §7) and docs/FORMATS.md (§1-§4) only.
 
     ref.py logits DIR --ids 1,2,3 -o FILE [--dense]   float32 LE logits [len(ids)][vocab]
+    ref.py logits DIR --ids 1,2,3 -o FILE --mtp        the MTP layer's logits [len(ids)-1][vocab]
     ref.py greedy DIR --ids 1,2,3 -n 32 [--dense]      greedy continuation ids, one line
 
 Conventions (the spec leaves them implementation-defined; glm.c must use the same):
@@ -14,7 +15,10 @@ Conventions (the spec leaves them implementation-defined; glm.c must use the sam
   * q_a_layernorm / kv_a_layernorm eps 1e-6; indexer k_norm LayerNorm eps 1e-6; every other
     RMSNorm uses rms_norm_eps.
   * norm_topk_prob divides by (sum + 1e-20).
-  * the MTP layer (index num_hidden_layers) is loaded but ignored.
+  * the MTP layer (index num_hidden_layers, §5.1), when the checkpoint has it: row t pairs the
+    main model's final-normed hidden state h_t with the embedding of ids[t+1] (embedding first,
+    no mask at position 0), runs a full MoE decoder layer with its own indexer at position t
+    over its own rows 0..t, and predicts ids[t+2] through shared_head.norm and the main lm_head.
   * greedy: argmax, equal logits -> the lower id; generation does not stop at eos here.
 """
 import argparse
@@ -226,47 +230,60 @@ class Model:
         self.embed = ck.tensor("model.embed_tokens.weight")
         self.final_norm = ck.tensor("model.norm.weight")
         self.lm_head = ck.linear("lm_head")
-        self.layers = []
-        for i in range(self.L):
-            p = "model.layers.%d." % i
-            w = {}
-            w["in_norm"] = ck.tensor(p + "input_layernorm.weight")
-            w["post_norm"] = ck.tensor(p + "post_attention_layernorm.weight")
-            w["q_a"] = ck.linear(p + "self_attn.q_a_proj")
-            w["q_a_norm"] = ck.tensor(p + "self_attn.q_a_layernorm.weight")
-            w["q_b"] = ck.linear(p + "self_attn.q_b_proj")
-            w["kv_a"] = ck.linear(p + "self_attn.kv_a_proj_with_mqa")
-            w["kv_a_norm"] = ck.tensor(p + "self_attn.kv_a_layernorm.weight")
-            w["kv_b"] = ck.linear(p + "self_attn.kv_b_proj")
-            w["o"] = ck.linear(p + "self_attn.o_proj")
-            if self.full[i]:
-                w["wq_b"] = ck.linear(p + "self_attn.indexer.wq_b")
-                w["wk"] = ck.linear(p + "self_attn.indexer.wk")
-                w["k_norm_w"] = ck.tensor(p + "self_attn.indexer.k_norm.weight")
-                w["k_norm_b"] = ck.tensor(p + "self_attn.indexer.k_norm.bias")
-                w["wproj"] = ck.linear(p + "self_attn.indexer.weights_proj")
-            if self.dense[i]:
-                w["gate"] = ck.linear(p + "mlp.gate_proj")
-                w["up"] = ck.linear(p + "mlp.up_proj")
-                w["down"] = ck.linear(p + "mlp.down_proj")
-            else:
-                w["router"] = ck.linear(p + "mlp.gate")
-                w["bias"] = ck.tensor(p + "mlp.gate.e_score_correction_bias")
-                w["sh_gate"] = ck.linear(p + "mlp.shared_experts.gate_proj")
-                w["sh_up"] = ck.linear(p + "mlp.shared_experts.up_proj")
-                w["sh_down"] = ck.linear(p + "mlp.shared_experts.down_proj")
-                w["ex_gate"] = np.stack([ck.linear(p + "mlp.experts.%d.gate_proj" % e) for e in range(self.E)])
-                w["ex_up"] = np.stack([ck.linear(p + "mlp.experts.%d.up_proj" % e) for e in range(self.E)])
-                w["ex_down"] = np.stack([ck.linear(p + "mlp.experts.%d.down_proj" % e) for e in range(self.E)])
-            self.layers.append(w)
+        self.layers = [self._layer(ck, i, self.full[i], self.dense[i]) for i in range(self.L)]
+        # §2.3: the MTP layer is model.layers.{L}: a MoE layer with its own indexer, plus its
+        # enorm, hnorm, eh_proj [H, 2H] and shared_head.norm. Optional (some releases drop it).
+        self.mtp = None
+        p = "model.layers.%d." % self.L
+        if c.get("num_nextn_predict_layers", 0) and ck.has(p + "input_layernorm.weight"):
+            w = self._layer(ck, self.L, True, False)
+            w["enorm"] = ck.tensor(p + "enorm.weight")
+            w["hnorm"] = ck.tensor(p + "hnorm.weight")
+            w["eh_proj"] = ck.linear(p + "eh_proj")
+            w["head_norm"] = ck.tensor(p + "shared_head.norm.weight")
+            self.mtp = w
         if dtype != np.float64:
-            for w in self.layers:
+            for w in self.layers + ([self.mtp] if self.mtp else []):
                 for k in w:
                     w[k] = w[k].astype(dtype)
             self.embed = self.embed.astype(dtype)
             self.final_norm = self.final_norm.astype(dtype)
             self.lm_head = self.lm_head.astype(dtype)
         del ck  # drop the file buffers; everything needed is dequantized
+
+    def _layer(self, ck, i, full, dense):
+        """decoder layer i's weights (§2.2): indexer if full, dense MLP or MoE."""
+        p = "model.layers.%d." % i
+        w = {}
+        w["in_norm"] = ck.tensor(p + "input_layernorm.weight")
+        w["post_norm"] = ck.tensor(p + "post_attention_layernorm.weight")
+        w["q_a"] = ck.linear(p + "self_attn.q_a_proj")
+        w["q_a_norm"] = ck.tensor(p + "self_attn.q_a_layernorm.weight")
+        w["q_b"] = ck.linear(p + "self_attn.q_b_proj")
+        w["kv_a"] = ck.linear(p + "self_attn.kv_a_proj_with_mqa")
+        w["kv_a_norm"] = ck.tensor(p + "self_attn.kv_a_layernorm.weight")
+        w["kv_b"] = ck.linear(p + "self_attn.kv_b_proj")
+        w["o"] = ck.linear(p + "self_attn.o_proj")
+        if full:
+            w["wq_b"] = ck.linear(p + "self_attn.indexer.wq_b")
+            w["wk"] = ck.linear(p + "self_attn.indexer.wk")
+            w["k_norm_w"] = ck.tensor(p + "self_attn.indexer.k_norm.weight")
+            w["k_norm_b"] = ck.tensor(p + "self_attn.indexer.k_norm.bias")
+            w["wproj"] = ck.linear(p + "self_attn.indexer.weights_proj")
+        if dense:
+            w["gate"] = ck.linear(p + "mlp.gate_proj")
+            w["up"] = ck.linear(p + "mlp.up_proj")
+            w["down"] = ck.linear(p + "mlp.down_proj")
+        else:
+            w["router"] = ck.linear(p + "mlp.gate")
+            w["bias"] = ck.tensor(p + "mlp.gate.e_score_correction_bias")
+            w["sh_gate"] = ck.linear(p + "mlp.shared_experts.gate_proj")
+            w["sh_up"] = ck.linear(p + "mlp.shared_experts.up_proj")
+            w["sh_down"] = ck.linear(p + "mlp.shared_experts.down_proj")
+            w["ex_gate"] = np.stack([ck.linear(p + "mlp.experts.%d.gate_proj" % e) for e in range(self.E)])
+            w["ex_up"] = np.stack([ck.linear(p + "mlp.experts.%d.up_proj" % e) for e in range(self.E)])
+            w["ex_down"] = np.stack([ck.linear(p + "mlp.experts.%d.down_proj" % e) for e in range(self.E)])
+        return w
 
 
 def rmsnorm(x, w, eps):
@@ -452,47 +469,82 @@ def moe(m, w, b, stats, opts):
     return out
 
 
+def decoder_layer(m, w, x, full, dense_mlp, sel, dense=False, absorbed=False, stats=None, opts=None):
+    """one decoder layer (§3.9, §3.10) on x [S, H] at positions 0..S-1 with its own cache:
+    -> (x, sel). A full layer computes the selection, a shared one reuses sel (§3.6)."""
+    S = x.shape[0]
+    pos = np.arange(S)
+    causal = np.tril(np.ones((S, S), bool))
+    eps = opts.get("eps_rms", m.eps)
+    eps_lat = opts.get("eps_lat", 1e-6)  # q_a_layernorm / kv_a_layernorm (spec pitfall 4)
+    a = rmsnorm(x, w["in_norm"], eps)
+    cq = rmsnorm(a @ w["q_a"].T, w["q_a_norm"], eps_lat)
+    q = (cq @ w["q_b"].T).reshape(S, m.NH, m.nope + m.rope)
+    q_nope = q[..., :m.nope]
+    q_pe = rope(q[..., m.nope:], pos, m.theta)
+    ckv = a @ w["kv_a"].T
+    c = rmsnorm(ckv[:, :m.kvr], w["kv_a_norm"], eps_lat)
+    kpe = rope(ckv[:, m.kvr:], pos, m.theta)
+    if full and not dense:
+        sel = indexer_select(m, w, a, cq, pos, stats, opts)
+    if dense:
+        mask = causal
+    else:
+        assert sel is not None, "a shared layer but no full layer precedes it"
+        mask = causal & sel
+    attn = (mla_absorbed if absorbed else mla_expanded)(m, w, q_nope, q_pe, c, kpe, mask)
+    x = x + attn @ w["o"].T
+    b = rmsnorm(x, w["post_norm"], eps)
+    if dense_mlp:
+        x = x + swiglu(b, w["gate"], w["up"], w["down"])
+    else:
+        x = x + moe(m, w, b, stats, opts)
+    return x, sel
+
+
 def forward(m, ids, dense=False, absorbed=False, stats=None, opts=None, return_hidden=False):
-    """logits [S, vocab] (float64) of a full causal prefill of ids."""
+    """logits [S, vocab] (float64) of a full causal prefill of ids; with return_hidden also
+    the final-normed hidden states h [S, H] (the lm_head's input) and the residual x before
+    model.norm."""
     opts = opts or {}
     stats = stats if stats is not None else Stats()
     ids = np.asarray(ids, dtype=np.int64)
-    S = len(ids)
-    pos = np.arange(S)
-    causal = np.tril(np.ones((S, S), bool))
     x = m.embed[ids].copy()
     sel = None
-    eps = opts.get("eps_rms", m.eps)
-    eps_lat = opts.get("eps_lat", 1e-6)  # q_a_layernorm / kv_a_layernorm (spec pitfall 4)
     for i in range(m.L):
-        w = m.layers[i]
-        a = rmsnorm(x, w["in_norm"], eps)
-        cq = rmsnorm(a @ w["q_a"].T, w["q_a_norm"], eps_lat)
-        q = (cq @ w["q_b"].T).reshape(S, m.NH, m.nope + m.rope)
-        q_nope = q[..., :m.nope]
-        q_pe = rope(q[..., m.nope:], pos, m.theta)
-        ckv = a @ w["kv_a"].T
-        c = rmsnorm(ckv[:, :m.kvr], w["kv_a_norm"], eps_lat)
-        kpe = rope(ckv[:, m.kvr:], pos, m.theta)
-        if m.full[i] and not dense:
-            sel = indexer_select(m, w, a, cq, pos, stats, opts)
-        if dense:
-            mask = causal
-        else:
-            assert sel is not None, "layer %d is shared but no full layer precedes it" % i
-            mask = causal & sel
-        attn = (mla_absorbed if absorbed else mla_expanded)(m, w, q_nope, q_pe, c, kpe, mask)
-        x = x + attn @ w["o"].T
-        b = rmsnorm(x, w["post_norm"], eps)
-        if m.dense[i]:
-            x = x + swiglu(b, w["gate"], w["up"], w["down"])
-        else:
-            x = x + moe(m, w, b, stats, opts)
-    h = rmsnorm(x, m.final_norm, eps)
+        x, sel = decoder_layer(m, m.layers[i], x, m.full[i], m.dense[i], sel, dense, absorbed, stats, opts)
+    h = rmsnorm(x, m.final_norm, opts.get("eps_rms", m.eps))
     logits = h @ m.lm_head.T
     if return_hidden:
-        return logits, h
+        return logits, h, x
     return logits
+
+
+def mtp_forward(m, ids, dense=False, absorbed=False, stats=None, opts=None):
+    """the MTP layer's logits [S-1, vocab] (§5.1) for ids [S]: row t predicts ids[t+2] from the
+    main model's normed h_t and the embedding of ids[t+1], at position t (rows 0..S-2 form the
+    MTP layer's own causal sequence: its own latents, its own indexer keys and selection).
+    opts (only to show that the tests can see each choice): mtp_prenorm_h (h_t before
+    model.norm), mtp_swap (hidden branch first), mtp_mask0 (zero the embedding at position 0),
+    mtp_dense (the MTP layer attends to all its rows, no indexer)."""
+    opts = opts or {}
+    stats = stats if stats is not None else Stats()
+    assert m.mtp is not None, "the checkpoint has no MTP layer"
+    ids = np.asarray(ids, dtype=np.int64)
+    _, h, x_pre = forward(m, ids, dense, absorbed, stats, opts, return_hidden=True)
+    if opts.get("mtp_prenorm_h"):
+        h = x_pre
+    w = m.mtp
+    eps = opts.get("eps_rms", m.eps)
+    e = m.embed[ids[1:]].copy()
+    if opts.get("mtp_mask0"):
+        e[0] = 0.0
+    parts = [rmsnorm(e, w["enorm"], eps), rmsnorm(h[:-1], w["hnorm"], eps)]  # embedding FIRST
+    if opts.get("mtp_swap"):
+        parts = parts[::-1]
+    u = np.concatenate(parts, axis=1) @ w["eh_proj"].T
+    u, _ = decoder_layer(m, w, u, True, False, None, dense or opts.get("mtp_dense", False), absorbed, stats, opts)
+    return rmsnorm(u, w["head_norm"], eps) @ m.lm_head.T
 
 
 def greedy(m, ids, n, dense=False, stats=None, margins=None):
@@ -523,6 +575,7 @@ def main(argv=None):
     p1.add_argument("-o", dest="out", required=True)
     p1.add_argument("--dense", action="store_true")
     p1.add_argument("--absorbed", action="store_true")
+    p1.add_argument("--mtp", action="store_true")
     p2 = sub.add_parser("greedy")
     p2.add_argument("dir")
     p2.add_argument("--ids", required=True)
@@ -534,7 +587,11 @@ def main(argv=None):
     if any(i < 0 or i >= m.V for i in ids):
         sys.exit("ref.py: token id out of range")
     st = Stats()
-    if a.cmd == "logits":
+    if a.cmd == "logits" and a.mtp:
+        if m.mtp is None or len(ids) < 2:
+            sys.exit("ref.py: --mtp needs a checkpoint with an MTP layer and at least 2 ids")
+        mtp_forward(m, ids, dense=a.dense, absorbed=a.absorbed, stats=st).astype("<f4").tofile(a.out)
+    elif a.cmd == "logits":
         lg = forward(m, ids, dense=a.dense, absorbed=a.absorbed, stats=st)
         lg.astype("<f4").tofile(a.out)
     else:

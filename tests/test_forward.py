@@ -54,6 +54,7 @@ VARIANTS = {
     # 32 consecutive cached rows, which the attention GEMM reads in place (no copy)
     "topk64": ["--variant", "mxfp4", "--seed", "16", "--index-topk", "64"],
 }
+MTP_VARIANTS = ("bf16", "fp8", "mxfp4", "mixed")  # glm logits --mtp against ref.py's MTP layer
 SEQ_LEN = 48        # logits test sequence (index_topk is 8, so most positions are sparse)
 PROMPT_LEN = 8      # greedy prompt
 GEN = 32            # greedy continuation
@@ -102,10 +103,11 @@ def glm_logits(d, ids, extra=(), tag="x", env=None):
     check(rc == 0, "glm %s: exit %d: %s" % (" ".join(args), rc, se.strip()[-300:]))
     check(os.path.exists(out), "glm logits wrote no %s" % out)
     V = CK[d_to_variant(d)]["cfg"]["vocab_size"]
+    rows = len(ids) - 1 if "--mtp" in extra else len(ids)  # --mtp: row i predicts ids[i+2]
     sz = os.path.getsize(out)
-    check(sz == 4 * len(ids) * V, "logits file has %d bytes, expected %d x %d x 4 = %d"
-          % (sz, len(ids), V, 4 * len(ids) * V))
-    a = np.fromfile(out, dtype="<f4").reshape(len(ids), V).astype(np.float64)
+    check(sz == 4 * rows * V, "logits file has %d bytes, expected %d x %d x 4 = %d"
+          % (sz, rows, V, 4 * rows * V))
+    a = np.fromfile(out, dtype="<f4").reshape(rows, V).astype(np.float64)
     check(np.isfinite(a).all(), "non-finite logits")
     return a
 
@@ -146,6 +148,30 @@ def pick_greedy(m, rng, tries=10):
         if st.ok(GAP_TOL) and min(margins) > ARGMAX_GAP and len(set(gen)) >= GEN // 2:
             return prompt, gen
     raise RuntimeError("could not find a well-separated greedy prompt in %d tries" % tries)
+
+
+def pick_mtp_ids(m, c, k, tries=30):
+    """ids whose main AND MTP-layer decisions are far from ties, and whose MTP logits have a
+    clear argmax: the main test ids if they qualify, else fresh draws (own generator, so the
+    other tests' inputs do not move)."""
+    rng = np.random.default_rng(3000 + k)
+    for t in range(tries):
+        ids = c["ids"] if t == 0 else [int(i) for i in rng.integers(0, m.V, SEQ_LEN)]
+        st = ref.Stats()
+        lg = ref.mtp_forward(m, ids, stats=st)
+        srt = np.sort(lg, axis=1)
+        if st.ok(GAP_TOL) and (srt[:, -1] - srt[:, -2]).min() > ARGMAX_GAP:
+            return ids, lg
+    raise RuntimeError("could not find a well-separated MTP input in %d tries" % tries)
+
+
+def mtp_case(v):
+    """(ids, reference MTP logits [len(ids)-1][V]) of variant v, computed once on first use."""
+    c = CK[v]
+    if "mtp_ids" not in c:
+        check(c["model"].mtp is not None, "ref.py found no MTP layer in the %s checkpoint" % v)
+        c["mtp_ids"], c["mtp_ref"] = pick_mtp_ids(c["model"], c, list(VARIANTS).index(v))
+    return c["mtp_ids"], c["mtp_ref"]
 
 
 def setup():
@@ -253,8 +279,13 @@ def t_ref_checkpoint_layout(v):
         has = ("model.layers.%d.self_attn.indexer.wk.weight" % i) in hdr
         want = i == L or types[i] == "full"
         check(has == want, "layer %d indexer tensors present=%s, expected %s" % (i, has, want))
+    # the MTP layer (§2.3): its four own tensors and a full MoE decoder layer with an indexer
     for n in ("enorm.weight", "hnorm.weight", "eh_proj.weight", "shared_head.norm.weight",
-              "mlp.experts.0.up_proj.weight", "self_attn.indexer.k_norm.bias"):
+              "input_layernorm.weight", "post_attention_layernorm.weight", "self_attn.q_a_proj.weight",
+              "self_attn.kv_b_proj.weight", "self_attn.o_proj.weight", "self_attn.indexer.wq_b.weight",
+              "self_attn.indexer.wk.weight", "self_attn.indexer.weights_proj.weight",
+              "self_attn.indexer.k_norm.bias", "mlp.gate.weight", "mlp.gate.e_score_correction_bias",
+              "mlp.shared_experts.down_proj.weight", "mlp.experts.%d.up_proj.weight" % (cfg["n_routed_experts"] - 1)):
         check("model.layers.%d.%s" % (L, n) in hdr, "MTP tensor %s missing" % n)
     check(hdr["model.layers.%d.mlp.gate.e_score_correction_bias" % (L - 1)]["dtype"] == "F32", "bias dtype")
     moe = cfg["first_k_dense_replace"]
@@ -361,6 +392,43 @@ def t_ref_cli():
           "ref.py greedy: %r %s" % (got, p.stderr.decode()[-200:]))
 
 
+def t_ref_mtp_fp32(v):
+    ids, want = mtp_case(v)
+    l32 = ref.mtp_forward(ref.Model(CK[v]["dir"], np.float32), ids)
+    r = rel_rows(l32, want)
+    check(r.max() < TOL_REF / 10, "an fp32 evaluation of the MTP layer differs by %.3g (tolerance unreachable)" % r.max())
+    check((l32.argmax(1) == want.argmax(1)).all(), "fp32 MTP argmax differs")
+
+
+def t_ref_mtp_choices_matter():
+    """each MTP convention an engine could get wrong moves the logits above the tolerance:
+    h_t before model.norm, the branches swapped, the position-0 mask (row 0), the MTP layer's
+    own sparse attention (late rows)."""
+    for v in ("bf16", "fp8"):
+        ids, want = mtp_case(v)
+        m = CK[v]["model"]
+        for opt, rows, what in (("mtp_prenorm_h", slice(None), "h_t before model.norm"),
+                                ("mtp_swap", slice(None), "hidden branch first in eh_proj"),
+                                ("mtp_mask0", slice(0, 1), "the embedding zeroed at position 0")):
+            r = rel_rows(ref.mtp_forward(m, ids, opts={opt: True})[rows], want[rows]).max()
+            check(r > 10 * TOL_REF, "%s: %s changes the MTP logits by only %.3g" % (v, what, r))
+        k = CK[v]["cfg"]["index_topk"]
+        rd = rel_rows(ref.mtp_forward(m, ids, opts={"mtp_dense": True}), want)
+        check(rd[:k].max() < 1e-12, "%s: MTP rows < index_topk must be dense already (%.3g)" % (v, rd[:k].max()))
+        check(rd[2 * k:].min() > 1e-2, "%s: the MTP layer's indexer changes a late row by only %.3g" % (v, rd[2 * k:].min()))
+
+
+def t_ref_cli_mtp():
+    c = CK["bf16"]
+    ids, want = mtp_case("bf16")
+    out = os.path.join(OUT, "ref-cli-mtp.f32")
+    p = subprocess.run([PY, os.path.join(HERE, "ref.py"), "logits", c["dir"], "--ids", ",".join(map(str, ids[:20])),
+                        "-o", out, "--mtp"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    check(p.returncode == 0, "ref.py logits --mtp failed: %s" % p.stderr.decode()[-300:])
+    a = np.fromfile(out, "<f4").reshape(19, -1)
+    check(np.allclose(a, ref.mtp_forward(c["model"], ids[:20]), rtol=1e-6, atol=1e-6), "ref.py CLI --mtp logits differ")
+
+
 # --------------------------------------------------------------------------------------
 # glm vs reference
 
@@ -400,6 +468,72 @@ def t_logits_plain(v):
         got = glm_logits(c["dir"], c["ids"], extra, tag=v + "-plain-" + mode, env={"GLM_KERNELS": "c"})
         out.append("%s max rel %.1e" % (mode, compare("GLM_KERNELS=c %s vs ref" % mode, got, c["ref_logits"], TOL_REF)))
     return "; ".join(out)
+
+
+def t_mtp(v):
+    # glm logits --mtp against ref.py's MTP layer: the default path and GLM_KERNELS=c (the
+    # plain reference ops), each as one prefill and one token at a time (--decode, where the
+    # MTP row t runs right after the main model's token t+1, as speculative decoding will)
+    ids, want = mtp_case(v)
+    out, got = [], {}
+    for path, env in (("fast", None), ("plain", {"GLM_KERNELS": "c"})):
+        for mode, extra in (("prefill", []), ("decode", ["--decode"])):
+            g = glm_logits(CK[v]["dir"], ids, ["--mtp"] + extra, tag="%s-mtp-%s-%s" % (v, path, mode), env=env)
+            r = compare("--mtp %s %s vs ref" % (path, mode), g, want, TOL_REF)
+            got[path, mode] = g
+            out.append("%s %s %.1e" % (path, mode, r))
+    for path in ("fast", "plain"):
+        compare("--mtp %s decode vs prefill" % path, got[path, "decode"], got[path, "prefill"], TOL_DECODE)
+    return "max rel " + ", ".join(out)
+
+
+def expect_fatal(args, want, out=None):
+    """glm args fails cleanly: exit 1, nothing on stdout, one stderr line "glm: error: ..."
+    naming one of want, and no output file left behind."""
+    rc, so, se = run_glm(args, timeout=120)
+    check(rc == 1, "exit code %d, expected 1 (stderr: %r)" % (rc, se.strip()[-300:]))
+    check(so == "", "stdout not empty: %r" % so[:200])
+    lines = se.splitlines()
+    check(len(lines) == 1, "stderr must be exactly one line, got %d: %r" % (len(lines), se[-400:]))
+    check(lines[0].startswith("glm: error:"), "stderr does not start with 'glm: error:': %r" % lines[0])
+    check(any(w in lines[0] for w in want), "message does not name any of %r: %r" % (want, lines[0]))
+    check(out is None or not os.path.exists(out), "output file %s left behind" % out)
+    return lines[0]
+
+
+def t_mtp_absent():
+    # a checkpoint without the MTP layer (as some releases ship, docs/FORMATS.md §2.3) loads
+    # and gives the same main logits bit for bit; --mtp refuses with one line
+    c = CK["bf16"]
+    full = c["glm_logits"] if "glm_logits" in c else glm_logits(c["dir"], c["ids"], tag="bf16-with-mtp")
+    d = clone("bf16", "no-mtp-layer")
+    prefix = "model.layers.%d." % c["cfg"]["num_hidden_layers"]
+    wmap = json.load(open(os.path.join(d, "model.safetensors.index.json")))["weight_map"]
+    remove_tensors(d, set(n for n in wmap if n.startswith(prefix)))
+    CK["no-mtp"] = dict(c, dir=d)
+    try:
+        got = glm_logits(d, c["ids"], tag="no-mtp")
+    finally:
+        del CK["no-mtp"]
+    check(np.array_equal(got, full), "main logits differ without the MTP layer")
+    out = os.path.join(OUT, "no-mtp.f32")
+    msg = expect_fatal(["logits", "--mtp", "-m", d, "--ids", "1,2,3", "-o", out], ["MTP"], out)
+    d0 = clone("bf16", "num-nextn-0")
+    edit_config(d0, lambda cfg: cfg.__setitem__("num_nextn_predict_layers", 0))
+    msg0 = expect_fatal(["logits", "--mtp", "-m", d0, "--ids", "1,2,3", "-o", out], ["num_nextn_predict_layers"], out)
+    return "%s | %s" % (msg, msg0)
+
+
+def t_mtp_too_few_ids():
+    out = os.path.join(OUT, "mtp-one-id.f32")
+    return expect_fatal(["logits", "--mtp", "-m", CK["bf16"]["dir"], "--ids", "5", "-o", out], ["2 ids"], out)
+
+
+def bc_mtp_eh_proj_shape(d):
+    # the MTP layer is loaded now: a broken one stops the load even without --mtp
+    n = "model.layers.%d.eh_proj.weight" % json.load(open(os.path.join(d, "config.json")))["num_hidden_layers"]
+    edit_header(d, n, lambda h: h.__setitem__("shape", h["shape"][::-1]))
+    return [n]
 
 
 def t_logits_bf16(v):
@@ -583,19 +717,25 @@ def edit_config(d, fn):
 
 
 def remove_tensor(d, name):
-    fn = shard_of(d, name)
-    sh = os.path.join(d, fn)
-    f = ref.SafetensorsFile(sh)
-    items = []
-    for n, h in f.header.items():
-        if n == name:
-            continue
-        b, e = h["data_offsets"]
-        items.append((n, h["dtype"], h["shape"], f.buf[f.data_start + b:f.data_start + e]))
-    make_tiny.write_safetensors(sh, items, f.meta)
+    remove_tensors(d, [name])
+
+
+def remove_tensors(d, names):
+    """drop the tensors `names` from their shards and from the index."""
     ip = os.path.join(d, "model.safetensors.index.json")
     idx = json.load(open(ip))
-    del idx["weight_map"][name]
+    for fn in sorted(set(idx["weight_map"][n] for n in names)):
+        sh = os.path.join(d, fn)
+        f = ref.SafetensorsFile(sh)
+        items = []
+        for n, h in f.header.items():
+            if n in names:
+                continue
+            b, e = h["data_offsets"]
+            items.append((n, h["dtype"], h["shape"], f.buf[f.data_start + b:f.data_start + e]))
+        make_tiny.write_safetensors(sh, items, f.meta)
+    for n in names:
+        del idx["weight_map"][n]
     json.dump(idx, open(ip, "w"), indent=2)
 
 
@@ -787,14 +927,7 @@ def t_broken(name, v, builder, cli):
         if "--ids" in extra:
             args = args[:3] + args[5:]
         args += extra
-    rc, so, se = run_glm(args, timeout=120)
-    check(rc == 1, "exit code %d, expected 1 (stderr: %r)" % (rc, se.strip()[-300:]))
-    check(so == "", "stdout not empty: %r" % so[:200])
-    lines = se.splitlines()
-    check(len(lines) == 1, "stderr must be exactly one line, got %d: %r" % (len(lines), se[-400:]))
-    check(lines[0].startswith("glm: error:"), "stderr does not start with 'glm: error:': %r" % lines[0])
-    check(any(w in lines[0] for w in want), "message does not name any of %r: %r" % (want, lines[0]))
-    check(not os.path.exists(out), "output file %s left behind" % out)
+    expect_fatal(args, want, out)
 
 
 # --------------------------------------------------------------------------------------
@@ -827,6 +960,10 @@ def main():
     test("ref_group_matters", t_ref_group_matters)
     test("ref_eps_matters", t_ref_eps_matters)
     test("ref_cli", t_ref_cli)
+    for v in MTP_VARIANTS:
+        test("ref_mtp_fp32_within_tolerance_%s" % v, t_ref_mtp_fp32, v)
+    test("ref_mtp_choices_matter", t_ref_mtp_choices_matter)
+    test("ref_cli_mtp", t_ref_cli_mtp)
 
     for v in VARIANTS:
         test("logits_%s" % v, t_logits, v)
@@ -841,6 +978,11 @@ def main():
     test("indexer_matters", t_indexer_matters_glm)
     for v in VARIANTS:
         test("greedy_%s" % v, t_greedy, v)
+    for v in MTP_VARIANTS:
+        test("mtp_logits_%s" % v, t_mtp, v)
+    test("mtp_absent", t_mtp_absent)
+    test("mtp_too_few_ids", t_mtp_too_few_ids)
+    test("broken_mtp_eh_proj_shape", t_broken, "mtp_eh_proj_shape", "bf16", bc_mtp_eh_proj_shape, None)
     for name, v, builder, cli in BROKEN:
         test("broken_%s" % name, t_broken, name, v, builder, cli)
 

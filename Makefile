@@ -149,7 +149,7 @@ emu: glm_emu$(WARP)
 FUZZCC    ?= $(shell command -v clang-14 >/dev/null 2>&1 && echo clang-14 || echo clang)
 FUZZFLAGS  = -std=c11 -Wall -Wextra -g -O1 -fno-omit-frame-pointer -fsanitize=fuzzer,address,undefined \
              -fno-sanitize-recover=undefined -DJSON_FIRST_BLOCK=4096
-FUZZ_BINS  = fuzz/bin/fuzz_json fuzz/bin/fuzz_checkpoint fuzz/bin/fuzz_tokenizer_load fuzz/bin/fuzz_encode
+FUZZ_BINS  = fuzz/bin/fuzz_json fuzz/bin/fuzz_checkpoint fuzz/bin/fuzz_tokenizer_load fuzz/bin/fuzz_encode fuzz/bin/fuzz_chat
 
 fuzz: $(FUZZ_BINS)
 
@@ -164,6 +164,10 @@ fuzz/bin/fuzz_checkpoint: fuzz/fuzz_checkpoint.c $(SRC) $(HDR)
 fuzz/bin/fuzz_tokenizer_load: fuzz/fuzz_tokenizer_load.c tokenizer.c json.c tokenizer.h tokenizer_unicode.h json.h
 	@mkdir -p fuzz/bin
 	$(FUZZCC) $(FUZZFLAGS) -o $@ fuzz/fuzz_tokenizer_load.c tokenizer.c json.c
+
+fuzz/bin/fuzz_chat: fuzz/fuzz_chat.c tokenizer.c json.c tokenizer.h tokenizer_unicode.h json.h
+	@mkdir -p fuzz/bin
+	$(FUZZCC) $(FUZZFLAGS) -o $@ fuzz/fuzz_chat.c tokenizer.c json.c
 
 fuzz/bin/fuzz_encode: fuzz/fuzz_encode.c tokenizer.c json.c tokenizer.h tokenizer_unicode.h json.h
 	@mkdir -p fuzz/bin

@@ -396,7 +396,7 @@ static void conversation_add(Conversation *cv, const char *role, const char *con
         cv->msg = realloc(cv->msg, (size_t)cv->cap * sizeof *cv->msg);
         if (!cv->msg) glm_fatal("out of memory");
     }
-    cv->msg[cv->n++] = (ChatMessage){role, xstrdup(content), reasoning};
+    cv->msg[cv->n++] = (ChatMessage){.role = role, .content = xstrdup(content), .reasoning = reasoning};
 }
 
 /* Drops message i (freeing its text). */
@@ -431,16 +431,19 @@ static int render_fitting(const Tokenizer *tok, Conversation *cv, const ChatOpti
     }
 }
 
-/* The reply as history: its reasoning (before </think>) and its answer. */
+/* The reply as history, as the template expects it: with thinking on, the text before </think>
+ * is its reasoning_content (all of it when </think> never came: the answer was not reached) and
+ * the rest its content. Once the next user message follows, the template drops that reasoning
+ * (clear_thinking), so the next prompt differs from the cache from there on. */
 static void add_reply(Conversation *cv, const Tokenizer *tok, const Config *c, const int *out, int m, int thinking) {
     int n_reply = m > 0 && is_eos(c, out[m - 1]) ? m - 1 : m;
     char *text = tokenizer_decode(tok, out, n_reply, 0, NULL);
     if (!text) glm_fatal("out of memory");
     char *end_think = strstr(text, "</think>"), *reasoning = NULL, *content = text;
-    if (end_think && thinking) {
-        *end_think = 0;
+    if (thinking) {
+        content = end_think ? end_think + strlen("</think>") : text + strlen(text);
+        if (end_think) *end_think = 0;
         reasoning = xstrdup(text);
-        content = end_think + strlen("</think>");
     }
     conversation_add(cv, "assistant", content, reasoning);
     free(text);
@@ -491,7 +494,8 @@ static int cmd_chat(const Args *a) {
             continue;
         }
         int keep = 0; /* reuse the cached prefix; the cache is rewound to it */
-        while (!no_reuse && keep < n_cached && keep < n - 1 && cached[keep] == ids[keep]) keep++;
+        /* S.kv.pos, not n_cached: a reply's last token was printed but never run, so its row is not in the cache */
+        while (!no_reuse && keep < S.kv.pos && keep < n - 1 && cached[keep] == ids[keep]) keep++;
         S.kv.pos = keep;
         double t0 = now_s();
         session_forward(&S, &S.kv, ids + keep, n - keep, logits, 0);

@@ -78,46 +78,115 @@ size_t tokenizer_stream_push(TokenizerStream *s, const Tokenizer *t, int id, cha
 /* Emits the held-back bytes (if any) as one U+FFFD; returns bytes written (0 or 3). */
 size_t tokenizer_stream_flush(TokenizerStream *s, char *out, size_t cap);
 
-/* Chat prompt rendering (GLM-5.2 format, docs/TOKENIZER.md §1.6; details UNCERTAIN, see there):
- *   [gMASK]<sop>  [<|system|>Reasoning Effort: EFFORT]   (only if thinking && effort)
- *   system:    <|system|>CONTENT
- *   user:      <|user|>CONTENT
- *   assistant: <|assistant|><think>REASONING</think>CONTENT       (reasoning kept)
- *              <|assistant|>EMPTY CONTENT                          (no/cleared reasoning)
+/* Chat prompt rendering: GLM-5.2's own chat template (data/glm-5.2-tokenizer/chat_template.jinja),
+ * byte for byte as Hugging Face renders it (jinja2 with trim_blocks and lstrip_blocks; tojson is
+ * Python's json.dumps), for text content; tests/test_chat_template.sh compares with the template.
+ *   [gMASK]<sop>  <|system|>Reasoning Effort: Max      (High for reasoning_effort "high"; thinking on only)
+ *   tools:     <|system|>\n# Tools\n\n...<tools>\n{"name": ..., ...}\n...</tools>\n\n...</tool_call>
+ *              (one line per tool, its "function" object if it has one, defer_loading and strict
+ *              members left out, tools with a true defer_loading left out)
+ *   system:    <|system|>CONTENT           user: <|user|>CONTENT
+ *   assistant: <|assistant|><think>REASONING</think>ANSWER<tool_call>NAME<arg_key>K</arg_key><arg_value>V</arg_value>...</tool_call>...
+ *              REASONING is kept for turns after the last user message (all turns with clear_thinking 0),
+ *              else the turn gets <think></think>; ANSWER is the content stripped of white space
+ *              (Python's str.strip); V is a string argument as is, any other value as json.dumps writes it
  *   tool:      <|observation|> (once per run of tool messages) <tool_response>CONTENT</tool_response>
- *   generation prompt: <|assistant|><think> (thinking) or <|assistant|>EMPTY (thinking off)
- * EMPTY is "<think></think>" (GLM-5.2) or "</think>" (GLM-5/5.1 style, glm51_empty=1).
- * Assistant content and reasoning are stripped of surrounding white space. Reasoning of
- * assistant turns before the last user message is dropped only when clear_thinking is set.
- * The rendered text is then encoded like any text (so added-token strings inside content
- * become added tokens, exactly as HF's apply_chat_template + encode would do). */
+ *   other roles: skipped
+ *   generation prompt: <|assistant|><think> (thinking on) or <|assistant|><think></think> (off)
+ * Reasoning is written as given (GLM-5.2 and 5.1 keep its white space). The rendered text is then
+ * encoded like any text (so added-token strings inside content become added tokens, exactly as
+ * HF's apply_chat_template + encode would do). */
 typedef struct {
-    const char *role;        /* "system", "user", "assistant" or "tool" */
+    const char *name;        /* the function's name */
+    const char *arguments;   /* JSON text of an object {"KEY": VALUE, ...} (or of a string holding one, as
+                                OpenAI sends it); rendered member by member, in order */
+} ChatToolCall;
+
+typedef struct {
+    const char *role;        /* "system", "user", "assistant" or "tool"; any other (or NULL) is skipped */
     const char *content;     /* NULL = "" */
-    const char *reasoning;   /* assistant only; NULL = none */
+    const char *reasoning;   /* assistant: its reasoning_content; NULL = none, and then "R</think>A" inside
+                                content is split into reasoning R (after the last <think>) and answer A */
+    const ChatToolCall *tool_calls;   /* assistant: the calls it made, rendered after its answer */
+    int n_tool_calls;
 } ChatMessage;
 
 typedef struct {
-    int thinking;            /* 1 = generation prompt opens <think> (default), 0 = thinking off */
-    const char *effort;      /* "Max" (default), "High", or NULL for no effort line */
-    int clear_thinking;      /* 1 = drop reasoning of turns before the last user message (default 0) */
-    int glm51_empty;         /* 1 = "</think>" as the empty marker instead of "<think></think>" */
+    int thinking;            /* enable_thinking: 1 (default) = effort line, prompt opens <think>; 0 = neither */
+    const char *effort;      /* the effort line's value: "Max" (default), "High", or NULL = no line (GLM-5/5.1) */
+    int clear_thinking;      /* 1 (default, as the template) = drop the reasoning of assistant turns before the
+                                last user message; 0 = keep all reasoning */
+    const char *tools;       /* JSON text of the tools list (OpenAI's {"type": "function", "function": {...}}
+                                or the function objects themselves); NULL (or an empty list) = no tools block */
+    int glm51_empty;         /* GLM-5/5.1: "</think>" as the empty marker (history and thinking-off prompt), but
+                                "<think></think>" for an assistant turn after the last user message */
+    int strip_reasoning;     /* GLM-5: kept reasoning stripped of white space at both ends */
 } ChatOptions;
 
-void tokenizer_chat_defaults(ChatOptions *opt);   /* thinking 1, effort "Max", others 0 */
+void tokenizer_chat_defaults(ChatOptions *opt);   /* thinking 1, effort "Max", clear_thinking 1, others 0/NULL */
 
-/* Renders msgs (opt NULL = defaults) to text (malloc'd, NUL-terminated), or NULL + err on a
- * bad role / out of memory. */
+/* Renders msgs (opt NULL = defaults) to text (malloc'd, NUL-terminated), or NULL + err when out of
+ * memory or when tools / tool call arguments are not what the template can render (invalid JSON,
+ * a tool that is not an object, arguments that are not an object, U+0000 in the output). */
 char *tokenizer_render_chat_text(const ChatMessage *msgs, int n, const ChatOptions *opt,
                                  int add_generation_prompt, char *err, size_t errlen);
 /* Same, encoded: returns the id count and a malloc'd *ids, or -1 + err. */
 int tokenizer_render_chat(const Tokenizer *t, const ChatMessage *msgs, int n, const ChatOptions *opt,
                           int add_generation_prompt, int **ids, char *err, size_t errlen);
 
+/* A conversation given as the template's variables in one JSON object (what `glm tokenize --chat
+ * --jsonl` reads; an OpenAI chat request carries the same names):
+ *   {"messages": [...], "tools": [...], "add_generation_prompt": bool, "enable_thinking": bool,
+ *    "reasoning_effort": "high" | other, "clear_thinking": bool}
+ * Each value means what it means to the template: a missing enable_thinking or clear_thinking is
+ * true, any JSON value counts by Python's truth (0, "", [], null are false), only "high" gives
+ * "High". Messages: role, content (a string; null, which jinja2 prints as "None"; or a list of
+ * strings and {"type": "text", "text": ...} items, images and other media as the template's
+ * markers), reasoning_content, tool_calls ({"function": {"name", "arguments"}} or {"name",
+ * "arguments"}; arguments an object, or a string holding one); other members are ignored, a
+ * message that is not an object or has no string role is skipped. Refused, with err naming the
+ * field: content that is a number/bool/object, a tool_calls entry without a string name or object
+ * arguments, U+0000 in a string the prompt copies, and with strict any other top-level member (a
+ * typo would change nothing, silently; a server reading an OpenAI request passes strict 0). */
+typedef struct {
+    ChatMessage *msgs;
+    int n;
+    ChatOptions opt;
+    int add_generation_prompt;
+    void *own;               /* private: the memory msgs and opt point into */
+} ChatRequest;
+
+int tokenizer_chat_read_json(ChatRequest *req, const char *json, size_t len, int strict, char *err, size_t errlen);
+void tokenizer_chat_request_free(ChatRequest *req);
+
+/* Tool calls in the model's output (the answer, after </think>): each well-formed
+ *   <tool_call>NAME<arg_key>K</arg_key><arg_value>V</arg_value>...</tool_call>
+ * (white space allowed between the parts) becomes a ChatToolCall with arguments {"K": V, ...}: V's
+ * own text where it parses as JSON (42, true, [1, 2], {"a": 1}, "s"), else V as a JSON string. With
+ * tools (the same JSON text as ChatOptions.tools), an argument whose parameter is declared "type":
+ * "string" always stays a string. Everything else is content (the text minus the well-formed
+ * calls, as is), a malformed or unfinished call included, and a call whose name or key holds '<'
+ * or whose value holds "<tool_call>", U+0000 or invalid UTF-8. Time is linear in len. Returns 0,
+ * or -1 + err when tools is not valid JSON or when out of memory; never fails on the text. */
+typedef struct {
+    char *content;           /* malloc'd, NUL-terminated (content_len bytes; the text may hold NULs) */
+    size_t content_len;
+    ChatToolCall *calls;     /* n_calls calls in order; name and arguments malloc'd */
+    int n_calls;
+} ChatToolCalls;
+
+int tokenizer_parse_tool_calls(const char *text, size_t len, const char *tools, ChatToolCalls *out,
+                               char *err, size_t errlen);
+void tokenizer_tool_calls_free(ChatToolCalls *tc);
+
 /* The `glm tokenize` subcommand; argv[0] is "tokenize". Returns the exit code.
  *   tokenize -m DIR [--] "text"       ids, space-separated, one line ("--": text may start with '-')
  *   tokenize -m DIR --decode 1,2,3    the decoded text (lossy UTF-8) and a newline
  *   tokenize -m DIR --jsonl           stdin: one JSON string per line; stdout: one JSON array of ids per line
+ *   tokenize --chat --jsonl [--ids -m DIR]   stdin: one conversation per line (tokenizer_chat_read_json);
+ *                                     stdout: its prompt as a JSON string (json.dumps style, UTF-8), or
+ *                                     with --ids its ids; a bad line: null, and one error line naming the
+ *                                     line and field (exit code 1 at the end)
  *   --tokenizer FILE                  use FILE instead of DIR/tokenizer.json
  * Errors: one line "glm: error: ..." on stderr, exit code 1. */
 int tokenize_main(int argc, char **argv);

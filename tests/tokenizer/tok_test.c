@@ -403,7 +403,8 @@ static int cmd_glm(const Tokenizer *t, const char *known) {
     result(d && strcmp(d, "xy<think>") == 0, "decode with skip_special drops only special tokens");
     free(d);
 
-    /* chat prompts: docs/TOKENIZER.md §1.6 and §3.5 */
+    /* chat prompts: docs/TOKENIZER.md §1.6 and §3.5; GLM-5.2's template (its own bytes, checked
+     * against jinja2 in tests/test_chat_template.sh) */
     ChatOptions o;
     ChatMessage sys_hello[] = {{"system", "You are a helpful assistant.", NULL}, {"user", "Hello", NULL}};
     tokenizer_chat_defaults(&o);
@@ -439,7 +440,11 @@ static int cmd_glm(const Tokenizer *t, const char *known) {
     ChatMessage hist[] = {{"user", "What is 2+2?", NULL}, {"assistant", " 4\n", "HIST_THINK_A"}, {"user", "Now what is 3+3?", NULL}};
     tokenizer_chat_defaults(&o);
     o.effort = NULL;
-    chat_case(t, "known prompt 3 (history keeps reasoning)", hist, 3, &o,
+    chat_case(t, "history by default: earlier reasoning dropped (the template's clear_thinking)", hist, 3, &o,
+              "[gMASK]<sop><|user|>What is 2+2?<|assistant|><think></think>4<|user|>Now what is 3+3?<|assistant|><think>",
+              "154822 154824 154827 3838 374 220 17 10 17 30 154828 154841 154842 19 154827 7039 1128 374 220 18 10 18 30 154828 154841");
+    o.clear_thinking = 0;   /* the published prompt was rendered with clear_thinking false */
+    chat_case(t, "known prompt 3 (history keeps reasoning, clear_thinking 0)", hist, 3, &o,
               "[gMASK]<sop><|user|>What is 2+2?<|assistant|><think>HIST_THINK_A</think>4<|user|>Now what is 3+3?<|assistant|><think>",
               "154822 154824 154827 3838 374 220 17 10 17 30 154828 154841 39 3846 10620 11631 1566 154842 19 154827 7039 1128 374 220 18 10 18 30 154828 154841");
     o.clear_thinking = 1;
@@ -449,8 +454,14 @@ static int cmd_glm(const Tokenizer *t, const char *known) {
     ChatMessage tool[] = {{"user", "weather?", NULL},
                           {"assistant", "<tool_call>get_weather<arg_key>city</arg_key><arg_value>SF</arg_value></tool_call>", "need weather"},
                           {"tool", "sunny", NULL}};
-    o.clear_thinking = 0;
+    o.clear_thinking = 1;   /* the reasoning is after the last user message: kept either way */
     chat_case(t, "known prompt 4 (tool call)", tool, 3, &o,
+              "[gMASK]<sop><|user|>weather?<|assistant|><think>need weather</think><tool_call>get_weather<arg_key>city</arg_key><arg_value>SF</arg_value></tool_call><|observation|><tool_response>sunny</tool_response><|assistant|><think>",
+              "154822 154824 154827 15194 30 154828 154841 17027 9101 154842 154843 455 68852 154847 8923 154848 154849 28565 154850 154844 154829 154845 82 27208 154846 154828 154841");
+    /* the same call as tool_calls (what the template builds from an OpenAI message) */
+    ChatToolCall sf[] = {{"get_weather", "{\"city\": \"SF\"}"}};
+    ChatMessage tool2[] = {{"user", "weather?", NULL}, {"assistant", NULL, "need weather", sf, 1}, {"tool", "sunny", NULL}};
+    chat_case(t, "known prompt 4 from tool_calls", tool2, 3, &o,
               "[gMASK]<sop><|user|>weather?<|assistant|><think>need weather</think><tool_call>get_weather<arg_key>city</arg_key><arg_value>SF</arg_value></tool_call><|observation|><tool_response>sunny</tool_response><|assistant|><think>",
               "154822 154824 154827 15194 30 154828 154841 17027 9101 154842 154843 455 68852 154847 8923 154848 154849 28565 154850 154844 154829 154845 82 27208 154846 154828 154841");
     ChatMessage brief[] = {{"system", "Be brief.", NULL}, {"user", "One?", NULL}, {"assistant", "First.", NULL}, {"user", "Two?", NULL}};
@@ -459,9 +470,10 @@ static int cmd_glm(const Tokenizer *t, const char *known) {
     chat_case(t, "known prompt 5 (GLM-5.1 thinking off)", brief, 4, &o,
               "[gMASK]<sop><|system|>Be brief.<|user|>One?<|assistant|></think>First.<|user|>Two?<|assistant|></think>",
               "154822 154824 154826 3430 9809 13 154827 3966 30 154828 154842 5338 13 154827 11608 30 154828 154842");
-    ChatMessage bad[] = {{"wizard", "x", NULL}};
-    result(tokenizer_render_chat(t, bad, 1, NULL, 1, &ids, err, sizeof err) == -1 && strstr(err, "wizard"),
-           "chat with an unknown role fails with an error naming it");
+    ChatMessage wizard[] = {{"wizard", "x", NULL}, {"tool", "r", NULL}};
+    chat_case(t, "an unknown role is skipped (a tool result after it opens <|observation|>)", wizard, 2, NULL,
+              "[gMASK]<sop><|system|>Reasoning Effort: Max<|observation|><tool_response>r</tool_response><|assistant|><think>",
+              "154822 154824 154826 25062 287 29905 371 25 7487 154829 154845 81 154846 154828 154841");
 
     /* pre-tokenization of regex branches and invalid UTF-8 (see tokenizer.h) */
     split_case(t, "added token ends a gap", "x  <|user|>y", 12, "1 3 11 12");

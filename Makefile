@@ -3,7 +3,7 @@ CC      ?= cc
 CFLAGS  ?= -O2
 WARN     = -std=c11 -Wall -Wextra
 OMP     ?= -fopenmp
-SRC      = cli.c glm.c model.c fast.c simd.c tokenizer.c json.c tools/bench.c tools/synth.c tools/convert.c
+SRC      = cli.c glm.c spec.c model.c fast.c simd.c tokenizer.c json.c tools/bench.c tools/synth.c tools/convert.c
 HDR      = glm.h json.h tokenizer.h tokenizer_unicode.h
 
 glm: $(SRC) $(HDR)

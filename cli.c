@@ -47,6 +47,7 @@ typedef struct {
     int ctx;                 /* --ctx, 0 = default */
     int decode;              /* logits --decode: one token at a time */
     int mtp;                 /* logits --mtp: the MTP layer's logits */
+    int draft;               /* run, chat --draft N: MTP drafts per step; -1 = the backend's default */
     int threads;             /* -t, 0 = one per core */
     float temperature, top_p;
     uint64_t seed;
@@ -74,6 +75,9 @@ static const Flag FLAGS[] = {
     {"--mtp", NULL, LOGITS, "the MTP layer's logits instead, [n-1][vocab]: row i predicts id i+2\n"
                             "from the main model's hidden state at i and id i+1"},
     {"-n", "N", RUN | CHAT, "tokens to generate (default 32; chat: per reply)"},
+    {"--draft", "N", RUN | CHAT, "speculative decoding: N tokens (0-16) drafted per step by the MTP layer and\n"
+                                 "checked in one pass of the main model, same output distribution (default 0:\n"
+                                 "glm bench measures drafting slower on the CPU; needs the MTP layer; CPU only)"},
     {"-n", "N", BENCH, "decoded tokens timed at each context (default 32)"},
     {"-P", "N", BENCH, "tokens of the timed prefill (default 512)"},
     {"--long", "N", BENCH, "the context of the second decode (default 4096)"},
@@ -170,6 +174,7 @@ static void set_flag(Args *a, const char *f, const char *v) {
     else if (!strcmp(f, "-o")) a->out = v;
     else if (!strcmp(f, "--decode")) a->decode = 1;
     else if (!strcmp(f, "--mtp")) a->mtp = 1;
+    else if (!strcmp(f, "--draft")) a->draft = (int)parse_long(f, v, 0, GLM_MAX_DRAFT);
     else if (!strcmp(f, "-n") && !strcmp(a->cmd, "bench")) a->bench.n_decode = (int)parse_long(f, v, 1, 4096);
     else if (!strcmp(f, "-n")) a->n_gen = (int)parse_long(f, v, 0, 1 << 24);
     else if (!strcmp(f, "-P")) a->bench.prompt = (int)parse_long(f, v, 1, 1 << 20);
@@ -198,6 +203,7 @@ static void parse_args(Args *a, int c, int argc, char **argv) {
     memset(a, 0, sizeof *a);
     a->cmd = COMMANDS[c].name;
     a->n_gen = 32;
+    a->draft = -1;
     a->temperature = 1.0f;
     a->top_p = 0.95f; /* generation_config.json of GLM-5.2 */
     a->seed = (uint64_t)time(NULL);
@@ -317,18 +323,24 @@ static int is_eos(const Config *c, int id) {
 /* ======================================================================== */
 /* generation                                                               */
 
-typedef struct { double t_decode; int n_forward; double bytes; } DecodeStats;
+typedef struct {
+    double t_decode; int n_forward; double bytes;
+    int n_draft; long steps, drafted, accepted; /* --draft: verify steps, drafts proposed and accepted in this reply */
+} DecodeStats;
 
-/* Samples and prints up to n_gen tokens after the prefill that produced `logits`;
- * each one goes through the cache. Returns the count; the ids land in out[]. */
-static int generate(Session *S, Sampler *sp, float *logits, int n_gen, const Tokenizer *tok, int *out, DecodeStats *st) {
+/* Samples and prints up to n_gen tokens after the prefill that produced `logits`; each
+ * one goes through the cache (spec_step: one decode step, or with --draft a verify step
+ * that yields several, printed one by one). Returns the count; the ids land in out[]. */
+static int generate(Session *S, Speculator *spec, Sampler *sp, float *logits, int n_gen, const Tokenizer *tok, int *out, DecodeStats *st) {
     const Config *c = &S->model.cfg;
     TokenizerStream ts;
     size_t cap = tok ? tokenizer_stream_out_max(tok) : 0;
     char *buf = tok ? xmalloc(cap) : NULL;
     if (tok) tokenizer_stream_init(&ts);
     double t1 = now_s();
-    int n = 0, next = session_sample(S, sp, logits);
+    const int pos0 = S->kv.pos; /* the first generated token's position */
+    const long steps0 = spec->steps, drafted0 = spec->drafted, accepted0 = spec->accepted;
+    int n = 0, next = session_sample(S, sp, logits), ahead[GLM_MAX_DRAFT + 1], n_ahead = 0, i_ahead = 0;
     *st = (DecodeStats){0};
     while (n < n_gen) {
         out[n++] = next;
@@ -337,22 +349,31 @@ static int generate(Session *S, Sampler *sp, float *logits, int n_gen, const Tok
         } else printf("%s%d", n > 1 ? " " : "", next);
         fflush(stdout);
         if (is_eos(c, next) || n == n_gen) break;
-        if (S->kv.pos >= S->kv.ctx) { fprintf(stderr, "\nglm: context full (%d tokens)\n", S->kv.ctx); break; }
-        st->bytes += decode_bytes(&S->model, S->kv.pos);
-        session_forward(S, &S->kv, &next, 1, logits, 0);
         st->n_forward++;
-        next = session_sample(S, sp, logits);
+        if (i_ahead < n_ahead) { next = ahead[i_ahead++]; continue; } /* verified and cached already */
+        if (S->kv.pos >= S->kv.ctx) { st->n_forward--; fprintf(stderr, "\nglm: context full (%d tokens)\n", S->kv.ctx); break; }
+        if (!spec->n_draft) st->bytes += decode_bytes(&S->model, S->kv.pos);
+        n_ahead = spec_step(spec, S, sp, next, n_gen - n, logits, ahead);
+        next = ahead[0];
+        i_ahead = 1;
     }
+    if (n) spec_truncate(spec, &S->kv, pos0 + n - 1); /* as one token a step leaves it: all but the last token cached */
     if (tok) { size_t m = tokenizer_stream_flush(&ts, buf, cap); fwrite(buf, 1, m, stdout); free(buf); }
     st->t_decode = now_s() - t1;
+    st->n_draft = spec->n_draft;
+    st->steps = spec->steps - steps0, st->drafted = spec->drafted - drafted0, st->accepted = spec->accepted - accepted0;
     return n;
 }
 
 static void print_speed(int n_prompt, double t_prefill, const DecodeStats *st) {
     fprintf(stderr, "prefill: %d tokens in %.3f s (%.2f tok/s)\n", n_prompt, t_prefill, n_prompt / t_prefill);
-    if (st->n_forward)
+    if (st->n_forward && !st->n_draft)
         fprintf(stderr, "decode: %d tokens in %.3f s (%.2f tok/s), %.3f GB read per token, %.2f GB/s\n", st->n_forward, st->t_decode,
                 st->n_forward / st->t_decode, st->bytes / st->n_forward / 1e9, st->bytes / st->t_decode / 1e9);
+    else if (st->n_forward) /* a verify step reads more than a decode step: no GB/s */
+        fprintf(stderr, "decode: %d tokens in %.3f s (%.2f tok/s); --draft %d: %ld of %ld drafts accepted (%.1f%%), %.2f tokens per step\n",
+                st->n_forward, st->t_decode, st->n_forward / st->t_decode, st->n_draft, st->accepted, st->drafted,
+                st->drafted ? 100.0 * st->accepted / st->drafted : 0.0, st->steps ? (double)(st->accepted + st->steps) / st->steps : 0.0);
 }
 
 /* glm run: prefill the prompt, then sample one token at a time through the cache. */
@@ -365,18 +386,21 @@ static int cmd_run(const Args *a) {
     Session S;
     session_open(&S, a->model_dirs[0], session_ctx(a, &probe, n), a->n_gpus);
     const Config *c = &S.model.cfg;
+    Speculator spec;
+    spec_open(&spec, &S, a->draft);
     Sampler sp;
     sampler_init(&sp, a->temperature, a->top_p, a->seed, c->vocab_size);
     float *logits = xmalloc((size_t)c->vocab_size * sizeof(float));
     int *out = xmalloc((size_t)(a->n_gen + 1) * sizeof(int));
     double t0 = now_s();
-    session_forward(&S, &S.kv, ids, n, logits, 0);
+    spec_prefill(&spec, &S, ids, n, logits);
     double t_prefill = now_s() - t0;
     DecodeStats st;
-    generate(&S, &sp, logits, a->n_gen, tok, out, &st);
+    generate(&S, &spec, &sp, logits, a->n_gen, tok, out, &st);
     printf("\n");
     print_speed(n, t_prefill, &st);
     sampler_free(&sp); free(logits); free(ids); free(out);
+    spec_close(&spec);
     if (tok) tokenizer_free(tok);
     session_close(&S);
     return 0;
@@ -460,6 +484,8 @@ static int cmd_chat(const Args *a) {
     Session S;
     session_open(&S, a->model_dirs[0], session_ctx(a, &probe, 0), a->n_gpus);
     const Config *c = &S.model.cfg;
+    Speculator spec;
+    spec_open(&spec, &S, a->draft);
     const int ctx = S.kv.ctx, room = a->n_gen < ctx / 2 ? a->n_gen : ctx / 2; /* tokens kept free for a reply */
     Sampler sp;
     sampler_init(&sp, a->temperature, a->top_p, a->seed, c->vocab_size);
@@ -498,12 +524,12 @@ static int cmd_chat(const Args *a) {
         while (!no_reuse && keep < S.kv.pos && keep < n - 1 && cached[keep] == ids[keep]) keep++;
         S.kv.pos = keep;
         double t0 = now_s();
-        session_forward(&S, &S.kv, ids + keep, n - keep, logits, 0);
+        spec_prefill(&spec, &S, ids, n, logits); /* ids[keep..n), and the MTP layer's rows with --draft */
         double t_prefill = now_s() - t0;
         memcpy(cached, ids, (size_t)n * sizeof(int));
         n_cached = n;
         DecodeStats st;
-        const int left = ctx - n, m = generate(&S, &sp, logits, a->n_gen < left ? a->n_gen : left, tok, out, &st);
+        const int left = ctx - n, m = generate(&S, &spec, &sp, logits, a->n_gen < left ? a->n_gen : left, tok, out, &st);
         printf("\n");
         fflush(stdout);
         memcpy(cached + n_cached, out, (size_t)(m < left ? m : left) * sizeof(int));
@@ -514,6 +540,7 @@ static int cmd_chat(const Args *a) {
     }
     while (cv.n) conversation_drop(&cv, cv.n - 1);
     free(cv.msg); free(cached); free(out); free(line); sampler_free(&sp); free(logits);
+    spec_close(&spec);
     tokenizer_free(tok);
     session_close(&S);
     return 0;

@@ -530,18 +530,62 @@ static void mtp_input(const Model *m, RunState *s, const float *h, const int *ne
     ops.matmul(s->x, s->eh, &P->eh_proj, B);
 }
 
+/* One chunk of B rows through the MTP layer L (m->mtp->layer, or a copy of it without
+ * its indexer for a draft step that reuses step 0's selection): input, the layer, the
+ * head; rows start..start+B-1 of n. out_hidden [H] gets the last row's normed output. */
+static void mtp_chunk(const Model *m, const Layer *L, KVCache *kv, RunState *s, const float *h, const int *next, int start,
+                      int B, int n, float *logits, int all_logits, float *out_hidden) {
+    const int H = m->cfg.hidden;
+    mtp_input(m, s, h, next, B);
+    layer_forward(m, L, m->cfg.n_layers, kv, s, B, kv->mtp_pos);
+    kv->mtp_pos += B;
+    head(m, m->mtp->head_norm, s, start, B, n, logits, all_logits, NULL);
+    if (out_hidden && start + B == n) rmsnorm(out_hidden, s->x + (size_t)(B - 1) * H, m->mtp->head_norm, H, m->cfg.rms_eps);
+}
+
 /* In chunks of s->cap rows, as forward(): the rows of a chunk are cached (latent row
  * n_layers, indexer slot n_index_layers) before the next chunk attends to them. */
+void mtp_forward_hidden(const Model *m, KVCache *kv, RunState *s, const float *hidden, const int *next, int n,
+                        float *logits, int all_logits, float *out_hidden, MtpSelection *keep) {
+    const int H = m->cfg.hidden, K = m->cfg.index_topk;
+    for (int start = 0; start < n; start += s->cap) {
+        const int B = n - start < s->cap ? n - start : s->cap;
+        mtp_chunk(m, &m->mtp->layer, kv, s, hidden + (size_t)start * H, next + start, start, B, n, logits, all_logits, out_hidden);
+        if (keep && start + B == n) { /* the MTP layer is always "full": its indexer just chose s->sel */
+            keep->n_sel = s->n_sel[B - 1];
+            memcpy(keep->sel, s->sel + (size_t)(B - 1) * K, (size_t)keep->n_sel * sizeof(int));
+            keep->pos = kv->mtp_pos - 1;
+        }
+    }
+}
+
 void mtp_forward(const Model *m, KVCache *kv, RunState *s, const float *hidden, const int *next, int n, float *logits,
                  int all_logits) {
-    const int H = m->cfg.hidden;
-    for (int start = 0; start < n; start += s->cap) {
-        const int B = n - start < s->cap ? n - start : s->cap, pos0 = kv->mtp_pos;
-        mtp_input(m, s, hidden + (size_t)start * H, next + start, B);
-        layer_forward(m, &m->mtp->layer, m->cfg.n_layers, kv, s, B, pos0);
-        kv->mtp_pos += B;
-        head(m, m->mtp->head_norm, s, start, B, n, logits, all_logits, NULL);
-    }
+    mtp_forward_hidden(m, kv, s, hidden, next, n, logits, all_logits, NULL, NULL);
+}
+
+static int cmp_int_desc(const void *a, const void *b) { return *(const int *)b - *(const int *)a; }
+
+/* A draft step >= 1 with index_share_for_mtp_iteration (§5.2): vLLM and SGLang skip the
+ * MTP layer's indexer after step 0 and reuse its top-k. Step 0's selection cannot name the
+ * rows later draft steps appended (its own among them), so those come first, then step 0's
+ * rows newest first, index_topk at most: while the context is within index_topk this is
+ * exactly dense causal attention, like every other layer. (Which keys engines add there is
+ * an open point, docs/MODEL.md §9; it changes what is drafted, never what is output.) */
+void mtp_draft_shared(const Model *m, KVCache *kv, RunState *s, const float *h, int next, float *logits, float *out_hidden,
+                      const MtpSelection *step0) {
+    const int K = m->cfg.index_topk;
+    int n = 0, *sel = s->sel; /* row 0 of the chunk's selection, which attention reads as it is */
+    for (int r = kv->mtp_pos; r > step0->pos && n < K; r--) sel[n++] = r;
+    int *old = xmalloc((size_t)(step0->n_sel ? step0->n_sel : 1) * sizeof(int));
+    memcpy(old, step0->sel, (size_t)step0->n_sel * sizeof(int));
+    qsort(old, (size_t)step0->n_sel, sizeof(int), cmp_int_desc);
+    for (int i = 0; i < step0->n_sel && n < K; i++) sel[n++] = old[i];
+    free(old);
+    s->n_sel[0] = n;
+    Layer shared = m->mtp->layer; /* the same weights; attention keeps s->sel when the layer has no indexer */
+    shared.has_indexer = 0;
+    mtp_chunk(m, &shared, kv, s, h, &next, 0, 1, 1, logits, 0, out_hidden);
 }
 
 /* The table the forward pass calls through (glm.h); fast_init may replace entries. */
@@ -746,6 +790,34 @@ int sample(Sampler *sp, float *logits, int V) {
     float r = random_f32(sp) * sum, cdf = 0.0f;
     for (int i = 0; i < n; i++) { cdf += logits[sp->order[i]]; if (r < cdf) return sp->order[i]; }
     return sp->order[n - 1];
+}
+
+/* The distribution sample() draws from, as a whole vector: the same temperature,
+ * softmax and nucleus, so speculative sampling's target and draft are exactly it. */
+void sampler_probs(Sampler *sp, float *logits, int V) {
+    float mx = logits[argmax(logits, V)], sum = 0.0f;
+    for (int i = 0; i < V; i++) { logits[i] = expf((logits[i] - mx) / sp->temperature); sum += logits[i]; }
+    for (int i = 0; i < V; i++) logits[i] /= sum;
+    if (sp->top_p >= 1.0f) return;
+    float mass;
+    int n = nucleus(sp, logits, V, &mass);
+    float *keep = xmalloc((size_t)n * sizeof(float));
+    for (int i = 0; i < n; i++) keep[i] = logits[sp->order[i]] / mass;
+    memset(logits, 0, (size_t)V * sizeof(float));
+    for (int i = 0; i < n; i++) logits[sp->order[i]] = keep[i];
+    free(keep);
+}
+
+/* Inverse CDF over w in index order, scaled by w's sum (a residual max(p - q, 0) is
+ * drawn from without normalising it first); the last positive weight if rounding runs
+ * past the end. */
+int sample_weights(Sampler *sp, const float *w, int V) {
+    float sum = 0.0f;
+    int last = 0;
+    for (int i = 0; i < V; i++) if (w[i] > 0.0f) { sum += w[i]; last = i; }
+    float r = random_f32(sp) * sum, cdf = 0.0f;
+    for (int i = 0; i < V; i++) { cdf += w[i]; if (w[i] > 0.0f && r < cdf) return i; }
+    return last;
 }
 
 /* ======================================================================== */

@@ -50,6 +50,7 @@ typedef struct {
     double rope_theta;       /* rope_parameters.rope_theta */
     int max_pos;             /* max_position_embeddings */
     int n_eos, eos[GLM_MAX_EOS];
+    int index_share_mtp;     /* index_share_for_mtp_iteration: MTP draft steps >= 1 reuse step 0's top-k (§5.2) */
     uint8_t dense[GLM_MAX_LAYERS];        /* 1 = dense MLP layer, 0 = MoE */
     uint8_t full_index[GLM_MAX_LAYERS];   /* 1 = layer runs its own indexer ("full"), 0 = "shared" */
 } Config;
@@ -313,6 +314,23 @@ void forward_hidden(const Model *m, KVCache *kv, RunState *s, const int *tokens,
  * [n][V] if all_logits, else only the last row's [V] (logits may be NULL). */
 void mtp_forward(const Model *m, KVCache *kv, RunState *s, const float *hidden, const int *next, int n, float *logits,
                  int all_logits);
+/* The MTP layer's selection at draft step 0, kept for the steps after it
+ * (index_share_for_mtp_iteration, §5.2). */
+typedef struct {
+    int *sel;                /* [index_topk] the MTP-cache rows step 0's query attended to */
+    int n_sel;
+    int pos;                 /* step 0's row: the rows after it were appended by later draft steps */
+} MtpSelection;
+/* mtp_forward that also writes out_hidden [H] (if not NULL): the last row's
+ * shared_head.norm output, the lm_head's input, which the next draft step recycles as
+ * its h; and keep (if not NULL): the last row's selection. */
+void mtp_forward_hidden(const Model *m, KVCache *kv, RunState *s, const float *hidden, const int *next, int n,
+                        float *logits, int all_logits, float *out_hidden, MtpSelection *keep);
+/* One draft step >= 1 (one row at kv->mtp_pos) that runs no indexer: it attends to the
+ * rows appended since step 0 (its own included) and to step 0's selection, newest rows
+ * first, at most index_topk in all. logits [V], out_hidden [H] as mtp_forward_hidden. */
+void mtp_draft_shared(const Model *m, KVCache *kv, RunState *s, const float *h, int next, float *logits, float *out_hidden,
+                      const MtpSelection *step0);
 /* What forward() reads and computes, for the speed reports (not measured: counted
  * from the shapes): the weight and cache bytes one decoded token reads at cache
  * position pos, and the FLOPs (2 per multiply-add) of n tokens at positions pos0..
@@ -331,6 +349,11 @@ void sampler_free(Sampler *sp);
 float random_f32(Sampler *sp);                 /* uniform in [0, 1) */
 int argmax(const float *x, int n);
 int sample(Sampler *sp, float *logits, int V); /* logits are overwritten with probabilities */
+/* What sample() draws from, whole (temperature > 0): logits[V] become probabilities,
+ * the top_p nucleus renormalised and zero outside it. */
+void sampler_probs(Sampler *sp, float *logits, int V);
+/* A draw from weights w[V] >= 0 (not necessarily normalised), one random number. */
+int sample_weights(Sampler *sp, const float *w, int V);
 
 typedef struct GpuModel GpuModel;
 /* Everything a generation holds: the model, its cache, the activations, and with --gpu
@@ -366,6 +389,46 @@ GpuModel *gpu_load(const Model *m, int n_gpus, int ctx);
 void gpu_forward(GpuModel *g, int pos, const int *tokens, int n, float *logits, int all_logits);
 int gpu_sample(GpuModel *g, float temperature, float top_p, float u);
 void gpu_free(GpuModel *g);
+
+/* ------------------------------------------------------------------------ */
+/* spec.c: speculative decoding with the MTP layer (glm run / chat --draft N, §5.2) */
+
+#define GLM_MAX_DRAFT 16     /* --draft N: at most this many drafts per step */
+
+/* One generation's drafting state. With n_draft 0 its functions are plain prefill and
+ * decode through session_forward / session_sample (the GPU included). Positions: the
+ * main cache holds t < kv->pos; the MTP layer's holds rows t < kv->mtp_pos; the main
+ * model's hidden states h_t of mtp_pos <= t < mtp_pos + n_pend wait in pend for their
+ * MTP rows (row t pairs h_t with tok[t+1], known by then). */
+typedef struct {
+    int n_draft;             /* N: MTP drafts per verify step; 0 = plain decoding */
+    int *tok;                /* [ctx + 1] the token at each position (the not yet cached one at kv->pos) */
+    float *pend;             /* [cap + N + 2][H] main hidden states not yet paired in the MTP cache */
+    int n_pend;
+    float *g;                /* [H] the MTP layer's last output hidden, recycled by the next draft step */
+    float *vlogits;          /* [N + 1][V] the verify pass's logits */
+    float *q;                /* [N][V] each draft's MTP logits, then (temperature > 0) its distribution */
+    float *w;                /* [V] scratch: the residual distribution of a rejection */
+    int draft[GLM_MAX_DRAFT];
+    MtpSelection step0;      /* for draft steps >= 1 (index_share_for_mtp_iteration) */
+    int *oracle, n_oracle;   /* GLM_DRAFT_ORACLE (a test hook): the draft for position p is oracle[p] */
+    long steps, drafted, accepted; /* verify steps, drafts proposed, drafts accepted */
+} Speculator;
+/* asked: --draft N, or -1 for this backend's default (spec.c: SPEC_DEFAULT_*). Drafts
+ * need the MTP layer on the CPU; asked for without one, one stderr line says why and
+ * decoding goes on without drafts. */
+void spec_open(Speculator *sp, Session *S, int asked);
+void spec_close(Speculator *sp);
+/* Runs ids[kv->pos..n) (kv->pos: the prefix the caller kept cached, ids[0..kv->pos) in
+ * it) and writes the last token's logits [V]; with drafts it also fills the MTP layer's
+ * rows, and may rerun a few kept tokens whose hidden states it no longer has. */
+void spec_prefill(Speculator *sp, Session *S, const int *ids, int n, float *logits);
+/* One decoding step after token x (sampled, not yet cached): caches x and produces 1 to
+ * N + 1 (at most max_new) next tokens into out, returning how many; every token but the
+ * last of them is then cached too. logits: [V] scratch. */
+int spec_step(Speculator *sp, Session *S, Sampler *smp, int x, int max_new, float *logits, int *out);
+/* The caller stopped early: only positions < pos stay cached (pos <= kv->pos). */
+void spec_truncate(Speculator *sp, KVCache *kv, int pos);
 
 /* ------------------------------------------------------------------------ */
 /* fast.c + simd.c: the fast CPU path                                       */

@@ -699,6 +699,7 @@ static void config_experts(ConfigFile *cf, Config *c) {
 static void config_scalars(ConfigFile *cf, Config *c) {
     c->rms_eps = (float)cfg_number(cf, "rms_norm_eps", 0, 1e-5);
     c->max_pos = cfg_int(cf, "max_position_embeddings", 0, CFG_BIG, 1, CFG_BIG);
+    c->index_share_mtp = cfg_number(cf, "index_share_for_mtp_iteration", 0, 0) != 0; /* absent: false (§1.1, GLM-5/5.1) */
     const JsonValue *sf = cfg_field(cf, "scoring_func", 0);
     if (sf && (sf->type != JSON_STRING || strcmp(sf->str, "sigmoid"))) cfg_fail(cf, "%s: scoring_func must be \"sigmoid\"", cf->path);
     const JsonValue *tie = cfg_field(cf, "tie_word_embeddings", 0);

@@ -3,7 +3,9 @@
 # - multi-turn chat keeps the KV cache (turn 2 runs only its new tokens) and produces
 #   exactly what re-reading the whole conversation from scratch produces;
 # - run -p streams text; invalid UTF-8 and an over-long prompt fail with one line;
-# - every command answers --help (usage, exit 0); glm synth names an unknown flag.
+# - every command answers --help (usage, exit 0); glm synth names an unknown flag;
+# - --draft N (speculative decoding with the MTP layer, which synth --mtp writes) gives the
+#   same greedy chat as --draft 0, reusing the cache or re-reading, thinking on or off.
 export GLM_PRECISION="${GLM_PRECISION:-fp32}" # compared with an fp32 reference (see test.sh)
 set -u
 cd "$(dirname "$0")/.."
@@ -18,7 +20,7 @@ ok() {
 # the model every case below uses; without it they could only fail, so stop with the reason
 . tests/tokenizer_json.sh
 if ! need_tokenizer; then echo "FAIL $TOK_WHY"; echo "0 passed, 1 failed"; exit 1; fi
-if ! $GLM synth "$out/m" --tiny --layers 2 --experts 8 --tokenizer "$TOK" 2>"$out/synth.err"; then
+if ! $GLM synth "$out/m" --tiny --layers 2 --experts 8 --mtp --tokenizer "$TOK" 2>"$out/synth.err"; then
     echo "FAIL synth the tiny model: $(tr '\n' ' ' < "$out/synth.err")"; echo "0 passed, 1 failed"; exit 1
 fi
 
@@ -82,5 +84,24 @@ printf '%s
 ok "$([ $rc1 = 0 ] && [ $rc2 = 0 ] && grep -q 'dropped the oldest turn' "$out/ctx.err" && grep -q 'was not sent' "$out/ctx.err" \
       && [ "$(grep -c '^> ' "$out/ctx.txt")" = 6 ] && [ "$(grep -c '^prefill:' "$out/ctx.err")" = 5 ] && cmp -s "$out/ctx.txt" "$out/ctx2.txt" && echo 1 || echo 0)" \
    "chat_outgrows_ctx_keeps_going" "$out/ctx.err"
+# a reply's last token is printed but never run: a turn that reuses the cache must not
+# count it as cached (with --no-think the next prompt repeats it; reusing its empty row
+# once made turn 2 differ from re-reading)
+turns=$'Hello there!\nAnd what is 2+2?\nThird turn?\nFourth one'
+printf '%s\n' "$turns" | $GLM chat -m "$out/m" -n 16 --temp 0 --no-think >"$out/nt.txt" 2>"$out/nt.err"; rc1=$?
+printf '%s\n' "$turns" | GLM_CHAT_NO_REUSE=1 $GLM chat -m "$out/m" -n 16 --temp 0 --no-think >"$out/nt2.txt" 2>"$out/nt2.err"; rc2=$?
+ok "$([ $rc1 = 0 ] && [ $rc2 = 0 ] && [ -s "$out/nt.txt" ] && cmp -s "$out/nt.txt" "$out/nt2.txt" && echo 1 || echo 0)" "chat_no_think_reuse_equals_reread" "$out/nt.err"
+# --draft N: the same greedy replies as --draft 0 (thinking on and off, reusing the cache
+# and re-reading), each reply's speed line reporting its drafts
+for think in "" --no-think; do
+    printf '%s\n' "$turns" | $GLM chat -m "$out/m" -n 16 --temp 0 $think --draft 0 >"$out/d0.txt" 2>"$out/d0.err"
+    for d in 1 3; do
+        for reuse in 0 1; do
+            name="chat_draft${d}_equals_draft0${think:+_no_think}$([ $reuse = 1 ] && echo _reread)"
+            printf '%s\n' "$turns" | GLM_CHAT_NO_REUSE=$reuse $GLM chat -m "$out/m" -n 16 --temp 0 $think --draft $d >"$out/dn.txt" 2>"$out/dn.err"; rc=$?
+            ok "$([ $rc = 0 ] && [ -s "$out/d0.txt" ] && cmp -s "$out/d0.txt" "$out/dn.txt" && [ "$(grep -c -- "--draft $d: [0-9]* of [0-9]* drafts accepted" "$out/dn.err")" = 4 ] && echo 1 || echo 0)" "$name" "$out/dn.err"
+        done
+    done
+done
 echo "$pass passed, $fail failed"
 [ $fail = 0 ]

@@ -12,6 +12,7 @@ exits 1 on any failure.
 import json
 import math
 import os
+import re
 import shutil
 import struct
 import subprocess
@@ -606,7 +607,21 @@ def t_bench_json(extra):
     check(lm is not None, "no lm_head.weight in the tiny checkpoint")
     check(r["decode_bytes_per_token"] >= lm, "bench counts %d bytes per token, less than the lm_head's %d"
           % (r["decode_bytes_per_token"], lm))
-    return "decode %.0f bytes/token (lm_head %d, vocab %d), huge pages %.2f" % (r["decode_bytes_per_token"], lm, cfg["vocab_size"], hp)
+    # drafting's costs (after every other key): r(N) for N = 1..4 inside their ranges, the
+    # MTP draft step's c (this checkpoint has the MTP layer), and the speedups they imply
+    keys = list(r)
+    check(keys.index("huge_page_fraction") < keys.index("spec_decode_ms") and keys[-1] == "spec_speedup", "bench: key order %r" % keys)
+    rv, rr, c_, sp = r.get("spec_verify_cost"), r.get("spec_verify_cost_range"), r.get("spec_draft_cost"), r.get("spec_speedup")
+    check(isinstance(rv, list) and len(rv) == 4 and all(isinstance(x, (int, float)) and math.isfinite(x) and x > 0 for x in rv),
+          "spec_verify_cost %r" % (rv,))
+    check(isinstance(rr, list) and all(lo * (1 - 1e-3) <= x <= hi * (1 + 1e-3) for x, (lo, hi) in zip(rv, rr)), "spec_verify_cost_range %r" % (rr,))
+    check(isinstance(c_, (int, float)) and c_ > 0 and r.get("spec_decode_ms", 0) > 0, "spec_draft_cost %r" % (c_,))
+    check(isinstance(sp, dict) and sorted(sp) == ["0.6", "0.7", "0.8", "0.9"], "spec_speedup %r" % (sp,))
+    for a, row in sp.items():
+        want = [(1 - float(a) ** (n + 1)) / ((1 - float(a)) * (rv[n - 1] + n * c_)) for n in (1, 2, 3, 4)]
+        check(all(abs(x - w) <= 2e-3 * w for x, w in zip(row, want)), "spec_speedup[%s] %r, from r and c %r" % (a, row, want))
+    return "decode %.0f bytes/token (lm_head %d, vocab %d), huge pages %.2f; r(1..4) %s, c %.3g" % (
+        r["decode_bytes_per_token"], lm, cfg["vocab_size"], hp, rv, c_)
 
 
 def t_ctx_ok():
@@ -670,6 +685,189 @@ def t_greedy(v):
     ok = got == want or (stop is not None and got == want[:stop])
     check(ok, "greedy differs from the reference\n  ref: %s\n  glm: %s"
           % (" ".join(map(str, want)), " ".join(map(str, got))))
+
+
+# --------------------------------------------------------------------------------------
+# speculative decoding (--draft N, spec.c)
+
+DRAFT_LINE = re.compile(r"--draft (\d+): (\d+) of (\d+) drafts accepted")
+
+
+def run_ids(d, prompt, n, extra=(), env=None):
+    """glm run --ids: (generated ids, stderr)."""
+    args = ["run", "-m", d, "--ids", ",".join(map(str, prompt)), "-n", str(n)] + list(extra)
+    rc, so, se = run_glm(args, env=env)
+    check(rc == 0, "glm %s: exit %d: %s" % (" ".join(args), rc, se.strip()[-300:]))
+    try:
+        return [int(t) for t in so.split()], se
+    except ValueError:
+        raise Fail("stdout is not a list of ids: %r" % so[:200])
+
+
+def drafts_reported(se, n):
+    """(accepted, drafted) from the decode line of a --draft n run."""
+    m = DRAFT_LINE.search(se)
+    check(m is not None and int(m.group(1)) == n, "no '--draft %d: A of D drafts accepted' line: %r" % (n, se[-300:]))
+    a, d = int(m.group(2)), int(m.group(3))
+    check(0 <= a <= d, "accepted %d of %d drafts" % (a, d))
+    return a, d
+
+
+def greedy_case(v):
+    c = CK[v]
+    if "prompt" not in c:
+        c["prompt"], c["ref_greedy"] = pick_greedy(c["model"], c["rng"])
+    want = c["ref_greedy"]
+    eos = set(c["cfg"]["eos_token_id"])
+    stop = next((i + 1 for i, t in enumerate(want) if t in eos), None)
+    return c["prompt"], want[:stop] if stop else want
+
+
+def t_spec_greedy(v, d=None):
+    # greedy --draft 1..4 gives the reference's greedy continuation token for token (prompt
+    # + 32), as --draft 0 does; then with GLM_DRAFT_ORACLE (the drafts are that continuation
+    # itself) every draft is accepted, so verify and rollback run with long accepted prefixes
+    d = d or CK[v]["dir"]
+    prompt, want = greedy_case(v)
+    got0, _ = run_ids(d, prompt, GEN, ["--temp", "0", "--draft", "0"])
+    check(got0 == want, "--draft 0 differs from the reference")
+    notes = []
+    oracle = ",".join(map(str, prompt + want))
+    for n in (1, 2, 3, 4):
+        got, se = run_ids(d, prompt, GEN, ["--temp", "0", "--draft", str(n)])
+        check(got == want, "--draft %d differs from --draft 0\n  want: %s\n  got:  %s" % (n, want, got))
+        a, dr = drafts_reported(se, n)
+        got, se = run_ids(d, prompt, GEN, ["--temp", "0", "--draft", str(n)], env={"GLM_DRAFT_ORACLE": oracle})
+        check(got == want, "--draft %d with the oracle's drafts differs\n  want: %s\n  got:  %s" % (n, want, got))
+        oa, od = drafts_reported(se, n)
+        # every oracle draft is right; only a step running past an eos drafts beyond it
+        check(od > 0 and oa >= od - n, "oracle drafts: %d of %d accepted" % (oa, od))
+        notes.append("N=%d: MTP %d/%d, oracle %d/%d" % (n, a, dr, oa, od))
+    return "; ".join(notes)
+
+
+def t_spec_index_share_off():
+    # index_share_for_mtp_iteration false: every draft step runs the MTP layer's indexer
+    d = clone("bf16", "no-index-share")
+    edit_config(d, lambda cfg: cfg.__setitem__("index_share_for_mtp_iteration", False))
+    CK["no-share"] = dict(CK["bf16"], dir=d)
+    try:
+        return t_spec_greedy("bf16", d)
+    finally:
+        del CK["no-share"]
+
+
+def t_spec_no_mtp():
+    # without the MTP layer --draft decodes without drafts: same output, one stderr line why
+    prompt, want = greedy_case("bf16")
+    out = []
+    for case, edit, why in (("draft-no-mtp-layer", "tensors", "no model.layers"),
+                            ("draft-num-nextn-0", "config", "num_nextn_predict_layers 0")):
+        d = clone("bf16", case)
+        if edit == "tensors":
+            prefix = "model.layers.%d." % CK["bf16"]["cfg"]["num_hidden_layers"]
+            wmap = json.load(open(os.path.join(d, "model.safetensors.index.json")))["weight_map"]
+            remove_tensors(d, set(n for n in wmap if n.startswith(prefix)))
+        else:
+            edit_config(d, lambda cfg: cfg.__setitem__("num_nextn_predict_layers", 0))
+        got, se = run_ids(d, prompt, GEN, ["--temp", "0", "--draft", "3"])
+        check(got == want, "%s: output differs from the reference" % case)
+        lines = [l for l in se.splitlines() if "--draft" in l]
+        check(len(lines) == 1 and "no MTP layer" in lines[0] and why in lines[0] and "without drafts" in lines[0],
+              "%s: expected one line saying why: %r" % (case, se[-400:]))
+        check(not se.count("glm: error"), "%s: an error: %r" % (case, se[-300:]))
+        out.append(lines[0])
+    return " | ".join(out)
+
+
+def chi2_homogeneity(a, b, min_count=10):
+    """Pearson's chi-square of two samples of symbols (bins with fewer than min_count in
+    both together merged into one): (statistic, degrees of freedom)."""
+    from collections import Counter
+    ca, cb = Counter(a), Counter(b)
+    keys = [k for k in set(ca) | set(cb) if ca[k] + cb[k] >= min_count]
+    rest = [k for k in set(ca) | set(cb) if ca[k] + cb[k] < min_count]
+    rows = [(ca[k], cb[k]) for k in keys] + ([(sum(ca[k] for k in rest), sum(cb[k] for k in rest))] if rest else [])
+    na, nb = len(a), len(b)
+    x2 = 0.0
+    for ra, rb in rows:
+        tot = ra + rb
+        ea, eb = tot * na / (na + nb), tot * nb / (na + nb)
+        x2 += (ra - ea) ** 2 / ea + (rb - eb) ** 2 / eb
+    return x2, len(rows) - 1
+
+
+def chi2_z(x2, df):
+    """Wilson-Hilferty: the chi-square statistic as a standard normal deviate."""
+    k = max(df, 1)
+    return ((x2 / k) ** (1.0 / 3) - (1 - 2.0 / (9 * k))) / math.sqrt(2.0 / (9 * k))
+
+
+def nucleus_probs(logits, top_p):
+    """sample()'s distribution at temperature 1 (float64; used to choose a prompt only)."""
+    p = np.exp(logits - logits.max())
+    p /= p.sum()
+    order = np.argsort(-p, kind="stable")
+    cum = np.cumsum(p[order])
+    n = int(np.argmax(cum > top_p)) + 1 if (cum > top_p).any() else len(p)
+    q = np.zeros_like(p)
+    q[order[:n]] = p[order[:n]]
+    return q / q.sum()
+
+
+def peaked_prompt(d, top_p, tries=6):
+    """A prefix of a fixed random sequence after which the next two greedy tokens are likely
+    (so that one-hot drafts of them are accepted often): the best p(g1)·p(g2 | g1)."""
+    seq = [int(i) for i in np.random.default_rng(7).integers(0, CK["bf16"]["cfg"]["vocab_size"], 120)]
+    lg = glm_logits(d, seq, tag="spec-seq")
+    p1 = [nucleus_probs(lg[t], top_p).max() for t in range(len(seq))]
+    best = None
+    for t in sorted(range(9, len(seq)), key=lambda t: -p1[t])[:tries]:
+        prompt = seq[:t + 1] + [int(np.argmax(lg[t]))]
+        p2 = nucleus_probs(glm_logits(d, prompt, tag="spec-cand")[-1], top_p).max()
+        if best is None or p1[t] * p2 > best[0]:
+            best = (p1[t] * p2, seq[:t + 1])
+    return best[1], best[0]
+
+
+def t_spec_sampling():
+    # speculative sampling keeps the main model's distribution: at temperature 1 (top-p
+    # 0.9, applied to the target and the draft alike) the 2nd and 3rd tokens over many seeds
+    # are distributed as without drafts (two-sample chi-square, z < 4.5). Drafts from the
+    # MTP layer, and one-hot drafts from GLM_DRAFT_ORACLE (the greedy continuation of a
+    # prompt chosen so that it is likely, hence often accepted): a rule that accepted every
+    # draft, or drew a rejection's token from p instead of norm(max(p - q, 0)), fails this
+    # (checked by breaking spec.c).
+    from concurrent.futures import ThreadPoolExecutor
+    d = CK["bf16"]["dir"]
+    prompt, p12 = peaked_prompt(d, 0.9)
+    greedy, _ = run_ids(d, prompt, 4, ["--temp", "0", "--draft", "0"])
+    seeds = range(1, 1 + (150 if os.environ.get("SAN") else 700))
+    oracle = ",".join(map(str, prompt + greedy))
+    env1 = {"OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "passive"}
+
+    def sample(extra, env):
+        def one(seed):
+            # -n 4: the first step after the prompt's token drafts both the 2nd and the 3rd
+            got, se = run_ids(d, prompt, 4, ["--temp", "1", "--top-p", "0.9", "--seed", str(seed), "-t", "1"] + extra, env=dict(env1, **env))
+            return tuple(got + [-1] * (4 - len(got))), se
+        with ThreadPoolExecutor(max_workers=2) as ex:
+            return list(ex.map(one, seeds))
+
+    base = [g for g, _ in sample(["--draft", "0"], {})]
+    notes = ["prompt of %d, p(g1)p(g2) %.2f" % (len(prompt), p12)]
+    for name, extra, env in (("mtp", ["--draft", "2"], {}), ("oracle", ["--draft", "2"], {"GLM_DRAFT_ORACLE": oracle})):
+        runs = sample(extra, env)
+        acc = [drafts_reported(se, 2) if "drafts accepted" in se else (0, 0) for _, se in runs]  # none if token 1 was eos
+        rate = sum(a for a, _ in acc) / max(1, sum(dr for _, dr in acc))
+        for pos in (1, 2):
+            x2, df = chi2_homogeneity([g[pos] for g in base], [g[pos] for g, _ in runs])
+            z = chi2_z(x2, df)
+            check(z < 4.5, "%s drafts: token %d's distribution differs from --draft 0: chi2 %.1f, df %d, z %.2f (acceptance %.2f)"
+                  % (name, pos + 1, x2, df, z, rate))
+            notes.append("%s t%d chi2 %.1f/df %d z %.2f" % (name, pos + 1, x2, df, z))
+        notes.append("%s acceptance %.2f" % (name, rate))
+    return "; ".join(notes)
 
 
 # --------------------------------------------------------------------------------------
@@ -981,6 +1179,11 @@ def main():
     for v in MTP_VARIANTS:
         test("mtp_logits_%s" % v, t_mtp, v)
     test("mtp_absent", t_mtp_absent)
+    for v in MTP_VARIANTS:
+        test("spec_greedy_%s" % v, t_spec_greedy, v)
+    test("spec_index_share_off", t_spec_index_share_off)
+    test("spec_no_mtp_layer", t_spec_no_mtp)
+    test("spec_sampling_distribution", t_spec_sampling)
     test("mtp_too_few_ids", t_mtp_too_few_ids)
     test("broken_mtp_eh_proj_shape", t_broken, "mtp_eh_proj_shape", "bf16", bc_mtp_eh_proj_shape, None)
     for name, v, builder, cli in BROKEN:

@@ -27,10 +27,19 @@ if [ ! -x "$GLM" ]; then echo "FAIL $GLM not found (run make)"; echo "0 passed, 
 # --help: synth's own usage, every flag with its default, exit 0
 $GLM synth --help >"$out/help.out" 2>"$out/help.err"; rc=$?
 r=1; [ $rc = 0 ] && [ ! -s "$out/help.err" ] && grep -q '^usage: glm synth OUT_DIR' "$out/help.out" || r=0
-for f in --layers --experts --dense --format --seed --tiny --tokenizer; do
+for f in --layers --experts --dense --format --seed --tiny --mtp --tokenizer; do
     grep -A1 -- "^  $f " "$out/help.out" | grep -q 'default' || { r=0; echo "    --help: no default for $f"; }
 done
 ok $r "synth_help_lists_flags_and_defaults" "$out/help.err"
+# --mtp adds the MTP layer (glm logits --mtp runs it) and leaves the main model as it was
+$GLM synth "$out/mtp" --tiny --layers 2 --experts 8 --mtp >/dev/null 2>"$out/mtp.err" \
+  && $GLM synth "$out/nomtp" --tiny --layers 2 --experts 8 >/dev/null 2>>"$out/mtp.err" \
+  && $GLM logits -m "$out/mtp" --ids 1,2,3,4 -o "$out/m1.f32" 2>>"$out/mtp.err" \
+  && $GLM logits -m "$out/nomtp" --ids 1,2,3,4 -o "$out/m0.f32" 2>>"$out/mtp.err" \
+  && $GLM logits --mtp -m "$out/mtp" --ids 1,2,3,4 -o "$out/mm.f32" 2>>"$out/mtp.err"; rc=$?
+ok "$([ $rc = 0 ] && cmp -s "$out/m1.f32" "$out/m0.f32" && [ "$(stat -c %s "$out/mm.f32")" = $((3 * 154880 * 4)) ] \
+      && grep -q '"index_share_for_mtp_iteration": true' "$out/mtp/config.json" && echo 1 || echo 0)" "synth_mtp_layer" "$out/mtp.err"
+rm -rf "$out/mtp" "$out/nomtp"
 
 # the default tokenizer: the tiny model is complete without --tokenizer
 m="$out/tiny"

@@ -4,6 +4,9 @@
  *   prefill  FLOP/s of a P-token prompt over the fp32 FMA peak measured around it
  *   decode   GB/s of one-token steps over the read bandwidth measured before each token,
  *            at context 0 and after a long context (the slowdown between them)
+ *   drafts   what speculative decoding (--draft N, spec.c) costs in decode steps: r(N), a
+ *            main-model pass over N + 1 tokens, and c, one MTP draft step; and the speedup
+ *            they imply for an acceptance rate a
  *
  * Decode reads every weight once per token, so its bound is the memory's bandwidth;
  * prefill reuses each weight for a chunk of tokens, so its bound is the FMA rate. The
@@ -14,6 +17,7 @@
 #define _GNU_SOURCE
 #include "../glm.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -311,6 +315,88 @@ static DecodeResult timed_decodes(Session *S, const int *ids, int L, int N, cons
     };
 }
 
+/* Drafting's costs in decode steps (spec.c's default comes from them). A verify step is
+ * one main-model pass over x and N drafts with every row's logits and hidden state: the
+ * weights are read once for the N + 1 tokens, but with MoE each token routes to its own
+ * experts, so the experts read grow with N (and every row goes through the lm_head). A
+ * draft step is the MTP layer on one row and the lm_head. */
+enum { SPEC_MAX_N = 4, SPEC_RUNS = 7 };
+static const double SPEC_ACCEPT[4] = {0.6, 0.7, 0.8, 0.9};
+
+typedef struct {
+    int measured;               /* 0 with --gpu: the GPU path runs neither pass */
+    double decode_s;            /* the median decode step */
+    double r[SPEC_MAX_N + 1];   /* r[N], N >= 1: the median over the runs of verify time / that run's decode time */
+    double r_lo[SPEC_MAX_N + 1], r_hi[SPEC_MAX_N + 1]; /* their spread: the fastest and slowest run's ratio */
+    double c, c_lo, c_hi;       /* the draft step's ratio and spread; -1 without the MTP layer */
+} SpecCost;
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* The median of x[0..n) (n odd), and its extremes. */
+static double median_spread(double *x, int n, double *lo, double *hi) {
+    qsort(x, (size_t)n, sizeof(double), cmp_double);
+    *lo = x[0];
+    *hi = x[n - 1];
+    return x[n / 2];
+}
+
+/* The speedup of --draft N at acceptance a: expected tokens per step over its cost. */
+static double spec_speedup(const SpecCost *sc, int N, double a) {
+    return (1 - pow(a, N + 1)) / ((1 - a) * (sc->r[N] + N * sc->c));
+}
+
+/* The passes at context P (the prefill's cache), each round timing a decode step, the N + 1
+ * token passes and a draft step one after another, so that the host's swings hit all of
+ * them alike; each ratio is taken within a round and the median round reported. The
+ * caches are rolled back after each pass. A first round is untimed (scratch paging). */
+static SpecCost timed_spec_costs(Session *S, const int *ids, int P) {
+    SpecCost sc = {0};
+    if (S->gpu || P + SPEC_MAX_N + 1 > S->kv.ctx) return sc;
+    const Model *m = &S->model;
+    const int H = m->cfg.hidden, V = m->cfg.vocab_size;
+    double t0 = now_s();
+    step_begin("drafting: decode, verify passes of 2-5 tokens, MTP draft steps");
+    float *logits = xmalloc((size_t)(SPEC_MAX_N + 1) * V * sizeof(float));
+    float *hidden = xmalloc((size_t)(SPEC_MAX_N + 1) * H * sizeof(float)), *g = xmalloc((size_t)H * sizeof(float));
+    int *sel = xmalloc((size_t)m->cfg.index_topk * sizeof(int));
+    MtpSelection keep = {sel, 0, 0};
+    double ratio[SPEC_MAX_N + 2][SPEC_RUNS], dec[SPEC_RUNS];
+    for (int run = -1; run < SPEC_RUNS; run++) {
+        double t = now_s(), td;
+        S->kv.pos = P;
+        forward(m, &S->kv, &S->state, ids + P % 7, 1, logits, 0);
+        td = now_s() - t;
+        for (int N = 1; N <= SPEC_MAX_N; N++) {
+            S->kv.pos = P;
+            t = now_s();
+            forward_hidden(m, &S->kv, &S->state, ids + N, N + 1, logits, 1, hidden);
+            if (run >= 0) ratio[N][run] = (now_s() - t) / td;
+        }
+        if (m->mtp) {
+            S->kv.mtp_pos = P - 1;
+            t = now_s();
+            mtp_forward_hidden(m, &S->kv, &S->state, hidden, ids + 1, 1, logits, 0, g, m->cfg.index_share_mtp ? &keep : NULL);
+            if (run >= 0) ratio[0][run] = (now_s() - t) / td;
+        }
+        if (run >= 0) dec[run] = td;
+    }
+    S->kv.pos = P;
+    S->kv.mtp_pos = 0;
+    double lo, hi;
+    sc.measured = 1;
+    sc.decode_s = median_spread(dec, SPEC_RUNS, &lo, &hi);
+    for (int N = 1; N <= SPEC_MAX_N; N++) sc.r[N] = median_spread(ratio[N], SPEC_RUNS, &sc.r_lo[N], &sc.r_hi[N]);
+    sc.c = sc.c_lo = sc.c_hi = -1;
+    if (m->mtp) sc.c = median_spread(ratio[0], SPEC_RUNS, &sc.c_lo, &sc.c_hi);
+    free(logits); free(hidden); free(g); free(sel);
+    step_end(t0);
+    return sc;
+}
+
 /* What the run measured, for the two printers. */
 typedef struct {
     const char *model_dir;
@@ -318,7 +404,44 @@ typedef struct {
     double huge; /* huge_page_fraction */
     PrefillResult pre;
     DecodeResult dec;
+    SpecCost spec;
 } BenchResult;
+
+/* The drafting keys of --json (after the others): r(N) and c with their spread, and the
+ * speedups they imply, "spec_speedup": {"0.6": [N = 1..4], ...}; null where not measured. */
+static void print_spec_json(const SpecCost *sc) {
+    if (!sc->measured) { printf(", \"spec_decode_ms\": null, \"spec_verify_cost\": null, \"spec_draft_cost\": null, \"spec_speedup\": null"); return; }
+    printf(", \"spec_decode_ms\": %.3f, \"spec_verify_cost\": [", sc->decode_s * 1e3);
+    for (int N = 1; N <= SPEC_MAX_N; N++) printf("%s%.4g", N > 1 ? ", " : "", sc->r[N]);
+    printf("], \"spec_verify_cost_range\": [");
+    for (int N = 1; N <= SPEC_MAX_N; N++) printf("%s[%.4g, %.4g]", N > 1 ? ", " : "", sc->r_lo[N], sc->r_hi[N]);
+    printf("]");
+    if (sc->c < 0) { printf(", \"spec_draft_cost\": null, \"spec_speedup\": null"); return; }
+    printf(", \"spec_draft_cost\": %.4g, \"spec_draft_cost_range\": [%.4g, %.4g], \"spec_speedup\": {", sc->c, sc->c_lo, sc->c_hi);
+    for (int i = 0; i < 4; i++) {
+        printf("%s\"%.1f\": [", i ? ", " : "", SPEC_ACCEPT[i]);
+        for (int N = 1; N <= SPEC_MAX_N; N++) printf("%s%.4g", N > 1 ? ", " : "", spec_speedup(sc, N, SPEC_ACCEPT[i]));
+        printf("]");
+    }
+    printf("}");
+}
+
+/* The drafting lines of the table. */
+static void print_spec_table(const SpecCost *sc, int P) {
+    if (!sc->measured) { printf("  drafts    not measured (--gpu: the GPU path runs no verify pass or MTP layer; or --ctx too short)\n"); return; }
+    printf("  drafts    at context %d, in decode steps (%.1f ms; median of %d rounds, [fastest, slowest]):\n", P, sc->decode_s * 1e3, SPEC_RUNS);
+    printf("            verify r(N), a pass over N+1 tokens:");
+    for (int N = 1; N <= SPEC_MAX_N; N++) printf("  N=%d %.2f [%.2f, %.2f]", N, sc->r[N], sc->r_lo[N], sc->r_hi[N]);
+    printf("\n");
+    if (sc->c < 0) { printf("            draft step c: no MTP layer in this checkpoint (glm synth --mtp writes one)\n"); return; }
+    printf("            draft step c, the MTP layer on one row: %.2f [%.2f, %.2f]\n", sc->c, sc->c_lo, sc->c_hi);
+    printf("            speedup (1-a^(N+1)) / ((1-a)(r(N)+N c)):");
+    for (int i = 0; i < 4; i++) {
+        printf("%s a=%.1f", i ? "," : "", SPEC_ACCEPT[i]);
+        for (int N = 1; N <= SPEC_MAX_N; N++) printf(" %.2f", spec_speedup(sc, N, SPEC_ACCEPT[i]));
+    }
+    printf(" (N = 1..%d)\n", SPEC_MAX_N);
+}
 
 /* One line of JSON; ratios to 4 significant digits: a tiny test model's are ~1e-4, not 0.000 */
 static void print_json(const BenchResult *b) {
@@ -330,13 +453,15 @@ static void print_json(const BenchResult *b) {
            "\"prefill_peak_ratio_runs\": [%.4g, %.4g, %.4g], "
            "\"decode_tps_ctx0\": %.3f, \"decode_bytes_per_token\": %.0f, \"decode_gbs\": %.2f, \"decode_bw_ratio\": %.4g, \"decode_best_bw_ratio\": %.4g, "
            "\"weights_read_gbs\": %.2f, \"decode_weights_bw_ratio\": %.4g, "
-           "\"long_ctx\": %d, \"decode_tps_long\": %.3f, \"decode_long_bw_ratio\": %.4g, \"read_bw_long_gbs\": %.2f, \"huge_page_fraction\": %.3f}\n",
+           "\"long_ctx\": %d, \"decode_tps_long\": %.3f, \"decode_long_bw_ratio\": %.4g, \"read_bw_long_gbs\": %.2f, \"huge_page_fraction\": %.3f",
            b->model_dir, b->threads, ops.name, d->bw0 / 1e9, d->best0 / 1e9, p->peak / 1e9,
            b->P, ops.precision, b->P / p->secs, p->flops / 1e9, p->flops / p->peak,
            p->ratio[0], p->ratio[1], p->ratio[2],
            d->tps0, d->bytes0, gbs0 / 1e9, gbs0 / d->bw0, gbs0 / d->best0,
            d->weights_bw / 1e9, gbs0 / d->weights_bw,
            b->L, d->tpsL, gbsL / d->bwL, d->bwL / 1e9, b->huge);
+    print_spec_json(&b->spec);
+    printf("}\n");
 }
 
 /* The same numbers as a table for a person. */
@@ -357,6 +482,7 @@ static void print_table(const BenchResult *b) {
     printf("  decode    context %d: %.2f tok/s, %.3f GB/token, %.1f GB/s = %.2f x read bandwidth (%.1f GB/s around it)\n", b->L, d->tpsL,
            d->bytesL / 1e9, gbsL / 1e9, gbsL / d->bwL, d->bwL / 1e9);
     printf("  slowdown  context 0 -> %d: %.2fx\n", b->L, d->tps0 / d->tpsL);
+    print_spec_table(&b->spec, b->P);
 }
 
 /* glm bench: the steps in the order the header describes, then one report. */
@@ -367,7 +493,7 @@ int bench_run(const BenchArgs *a) {
 #ifdef _OPENMP
     threads = omp_get_max_threads();
 #endif
-    const int ctx = a->ctx ? a->ctx : (P > L ? P : L) + N + 1;
+    const int ctx = a->ctx ? a->ctx : (P > L ? P : L) + (N > SPEC_MAX_N ? N : SPEC_MAX_N) + 1; /* room for the verify passes after P */
     Session S;
     session_open(&S, a->model_dir, ctx, a->n_gpus);
     if (P > S.kv.ctx || L + N > S.kv.ctx) glm_fatal("--ctx %d: too small for -P %d and --long %d + %d tokens", S.kv.ctx, P, L, N);
@@ -378,6 +504,7 @@ int bench_run(const BenchArgs *a) {
     b.huge = huge_page_fraction(&S.model.ck);
     int *ids = random_ids(P > L ? P : L, S.model.cfg.vocab_size);
     b.pre = timed_prefill(&S, ids, P);
+    b.spec = timed_spec_costs(&S, ids, P);
     b.dec = timed_decodes(&S, ids, L, N, &yard);
 
     if (a->json) print_json(&b);

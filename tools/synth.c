@@ -263,10 +263,11 @@ static void write_shard(OutFile *of, SynthTensor *t, int n, uint64_t seed, size_
 
 int synth_main(int argc, char **argv) {
     const char *out = NULL, *format = "mxfp4", *tokenizer = NULL;
-    int layers = 2, experts = 256, dense_layers = 1, ctx = 1048576, tiny = 0;
+    int layers = 2, experts = 256, dense_layers = 1, ctx = 1048576, tiny = 0, mtp = 0;
     uint64_t seed = 1;
     static const char usage[] =
-        "usage: glm synth OUT_DIR [--layers N] [--experts E] [--dense K] [--format mxfp4|bf16] [--seed S] [--tiny] [--tokenizer FILE]\n"
+        "usage: glm synth OUT_DIR [--layers N] [--experts E] [--dense K] [--format mxfp4|bf16] [--seed S] [--tiny] [--mtp]\n"
+        "                 [--tokenizer FILE]\n"
         "  Writes a random checkpoint with GLM-5.2's widths and real vocabulary (its text is noise): the benchmark\n"
         "  model, or with --tiny a few-MB demo model. OUT_DIR must not exist yet, or be an empty folder.\n"
         "  --layers N        layers, 1..78 (default 2)\n"
@@ -276,6 +277,9 @@ int synth_main(int argc, char **argv) {
         "                    (default mxfp4)\n"
         "  --seed S          random seed (default 1)\n"
         "  --tiny            hidden 256, 4 heads, narrow MLPs; the real vocabulary (default off)\n"
+        "  --mtp             also the MTP layer, model.layers.N for N = --layers (default off): a MoE layer with\n"
+        "                    its own indexer, enorm, hnorm, eh_proj, shared_head.norm, as GLM-5.2 ships it\n"
+        "                    (for --draft, and glm bench's draft cost)\n"
         "  --tokenizer FILE  tokenizer.json to copy into OUT_DIR (default build/tokenizer.json beside the glm\n"
         "                    binary, which make unpacks from data/glm-5.2-tokenizer/)\n"
         "  -h, --help        this text";
@@ -284,6 +288,7 @@ int synth_main(int argc, char **argv) {
         if (f[0] != '-') { if (out) glm_fatal("synth: unexpected argument '%s'", f); out = f; continue; }
         if (!strcmp(f, "-h") || !strcmp(f, "--help")) { puts(usage); return 0; }
         if (!strcmp(f, "--tiny")) { tiny = 1; continue; }
+        if (!strcmp(f, "--mtp")) { mtp = 1; continue; }
         if (strcmp(f, "--layers") && strcmp(f, "--experts") && strcmp(f, "--dense") && strcmp(f, "--seed") && strcmp(f, "--tokenizer") && strcmp(f, "--format"))
             glm_fatal("synth: unknown flag %s", f);
         if (i + 1 >= argc) glm_fatal("%s: missing value", f);
@@ -316,13 +321,14 @@ int synth_main(int argc, char **argv) {
     int mx = !strcmp(format, "mxfp4");
     WeightFormat expert_fmt = mx ? WF_MXFP4 : WF_BF16, io_fmt = mx ? WF_FP8 : WF_BF16;
 
-    TensorList global = {0}, *lay = calloc((size_t)layers, sizeof(TensorList));
+    const int n_lay = layers + mtp; /* the MTP layer, if any, is layer `layers` (docs/MODEL.md §2.3) */
+    TensorList global = {0}, *lay = calloc((size_t)n_lay, sizeof(TensorList));
     if (!lay) glm_fatal("out of memory");
     add_linear(&global, "model.embed_tokens", V, H, io_fmt);
     add(&global, "model.norm.weight", "BF16", H, 0, FILL_ONES, 0);
     add_linear(&global, "lm_head", V, H, io_fmt);
     char p[128], n[200];
-    for (int l = 0; l < layers; l++) {
+    for (int l = 0; l < n_lay; l++) {
         TensorList *L = &lay[l];
         snprintf(p, sizeof p, "model.layers.%d", l);
 #define N(fmt_) (snprintf(n, sizeof n, "%s." fmt_, p), n)
@@ -341,7 +347,13 @@ int synth_main(int argc, char **argv) {
         add(L, N("self_attn.indexer.k_norm.weight"), "BF16", ID, 0, FILL_ONES, 0);
         add(L, N("self_attn.indexer.k_norm.bias"), "BF16", ID, 0, FILL_ZEROS, 0);
         add_linear(L, N("self_attn.indexer.weights_proj"), IH, H, WF_BF16);
-        if (l < dense_layers) {
+        if (l == layers) { /* the MTP layer's own tensors; its MLP is always MoE */
+            add(L, N("enorm.weight"), "BF16", H, 0, FILL_ONES, 0);
+            add(L, N("hnorm.weight"), "BF16", H, 0, FILL_ONES, 0);
+            add_linear(L, N("eh_proj"), H, 2 * H, WF_BF16);
+            add(L, N("shared_head.norm.weight"), "BF16", H, 0, FILL_ONES, 0);
+        }
+        if (l < dense_layers && l < layers) {
             add_linear(L, N("mlp.gate_proj"), FD, H, WF_BF16);
             add_linear(L, N("mlp.up_proj"), FD, H, WF_BF16);
             add_linear(L, N("mlp.down_proj"), H, FD, WF_BF16);
@@ -380,7 +392,7 @@ int synth_main(int argc, char **argv) {
 
     /* OUT_DIR and its files: config.json, the shards, the index, tokenizer.json. Cleanup on
      * failure or signal is in place before the first file exists. */
-    int n_shards = layers + 1; /* one shard for embed/norm/head, one per layer */
+    int n_shards = n_lay + 1; /* one shard for embed/norm/head, one per layer (the MTP layer's last) */
     g_synth.dir = out;
     g_synth.n = 0;
     g_synth.f = calloc((size_t)n_shards + 3, sizeof(OutFile));
@@ -409,7 +421,7 @@ int synth_main(int argc, char **argv) {
     /* the shards, then the index */
     size_t total = 0, done = 0;
     for (int i = 0; i < global.n; i++) total += global.t[i].nbytes;
-    for (int l = 0; l < layers; l++) for (int i = 0; i < lay[l].n; i++) total += lay[l].t[i].nbytes;
+    for (int l = 0; l < n_lay; l++) for (int i = 0; i < lay[l].n; i++) total += lay[l].t[i].nbytes;
     double t0 = now_s();
     FILE *ix = out_open(of_index);
     fprintf(ix, "{\n  \"metadata\": {\"total_size\": %zu},\n  \"weight_map\": {", total);
@@ -443,7 +455,7 @@ int synth_main(int argc, char **argv) {
      * and values, with this model's layer and expert counts */
     FILE *f = out_open(of_config);
     fprintf(f, "{\n  \"architectures\": [\"GlmMoeDsaForCausalLM\"],\n  \"model_type\": \"glm_moe_dsa\",\n  \"dtype\": \"bfloat16\",\n"
-               "  \"vocab_size\": %d,\n  \"hidden_size\": %d,\n  \"num_hidden_layers\": %d,\n  \"num_nextn_predict_layers\": 0,\n"
+               "  \"vocab_size\": %d,\n  \"hidden_size\": %d,\n  \"num_hidden_layers\": %d,\n  \"num_nextn_predict_layers\": %d,\n"
                "  \"num_attention_heads\": %d,\n  \"num_key_value_heads\": %d,\n  \"q_lora_rank\": %d,\n  \"kv_lora_rank\": %d,\n"
                "  \"qk_nope_head_dim\": %d,\n  \"qk_rope_head_dim\": %d,\n  \"qk_head_dim\": %d,\n  \"v_head_dim\": %d,\n  \"head_dim\": 192,\n"
                "  \"rope_parameters\": {\"rope_theta\": 8000000, \"rope_type\": \"default\"},\n  \"rope_interleave\": true,\n"
@@ -451,10 +463,11 @@ int synth_main(int argc, char **argv) {
                "  \"intermediate_size\": %d,\n  \"first_k_dense_replace\": %d,\n  \"n_routed_experts\": %d,\n  \"num_experts_per_tok\": 8,\n"
                "  \"n_shared_experts\": 1,\n  \"moe_intermediate_size\": %d,\n  \"scoring_func\": \"sigmoid\",\n  \"topk_method\": \"noaux_tc\",\n"
                "  \"n_group\": 1,\n  \"topk_group\": 1,\n  \"norm_topk_prob\": true,\n  \"routed_scaling_factor\": 2.5,\n"
-               "  \"index_topk\": %d,\n  \"index_n_heads\": %d,\n  \"index_head_dim\": %d,\n  \"index_topk_freq\": 1,\n"
+               "  \"index_topk\": %d,\n  \"index_n_heads\": %d,\n  \"index_head_dim\": %d,\n  \"index_topk_freq\": 1,\n%s"
                "  \"tie_word_embeddings\": false,\n  \"attention_bias\": false,\n  \"eos_token_id\": [154820, 154827, 154829],\n"
                "  \"pad_token_id\": 154820\n}\n",
-            V, H, layers, NH, NH, QR, KR, DN, DR, DN + DR, DV, ctx, FD, dense_layers, experts, FI, TOPK, IH, ID);
+            V, H, layers, mtp, NH, NH, QR, KR, DN, DR, DN + DR, DV, ctx, FD, dense_layers, experts, FI, TOPK, IH, ID,
+            mtp ? "  \"index_share_for_mtp_iteration\": true,\n" : "");
     out_close(of_config, f);
     glm_fatal_cleanup = NULL;
     signal(SIGINT, SIG_DFL);
@@ -465,7 +478,7 @@ int synth_main(int argc, char **argv) {
     g_synth.n = 0;
 
     double dt = now_s() - t0;
-    fprintf(stderr, "synth: wrote %s: %d layers, %d experts, %s, %.2f GB in %.1f s (%.2f GB/s)\n", out, layers, experts, format,
-            total / 1e9, dt, total / 1e9 / dt);
+    fprintf(stderr, "synth: wrote %s: %d layers%s, %d experts, %s, %.2f GB in %.1f s (%.2f GB/s)\n", out, layers, mtp ? " + the MTP layer" : "",
+            experts, format, total / 1e9, dt, total / 1e9 / dt);
     return 0;
 }

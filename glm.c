@@ -19,11 +19,11 @@
  *   4. MLA attention, absorbed (§4.2)
  *   5. the MLP and the MoE (§3.7, §3.8)
  *   6. the whole model: forward() (§3.9)
- *   6b. the MTP layer: mtp_forward() (§5)
- *   7. activations and the KV cache
- *   8. what a step costs, for the speed reports
- *   9. sampling
- *  10. a session: the model, its cache and activations, the GPU with --gpu
+ *   7. the MTP layer: mtp_forward() (§5; spec.c drafts with it)
+ *   8. activations and the KV cache
+ *   9. what a step costs, for the speed reports
+ *  10. sampling
+ *  11. a session: the model, its cache and activations, the GPU with --gpu
  *
  * Section numbers (§) and pitfalls refer to docs/MODEL.md. Shapes are [rows, cols] with
  * y = W·x; the short names (H, NH, KR, ...) are listed at the top of glm.h.
@@ -496,7 +496,7 @@ void forward(const Model *m, KVCache *kv, RunState *s, const int *tokens, int n,
 }
 
 /* ======================================================================== */
-/* 6b. the MTP layer (§5)                                                   */
+/* 7. the MTP layer (§5)                                                    */
 /*
  * From the main model's h_t and the token x_{t+1}, a prediction of x_{t+2}:
  *   u = eh_proj · [RMSNorm(embed(x_{t+1}); enorm) ; RMSNorm(h_t; hnorm)]   (embedding first)
@@ -593,7 +593,7 @@ Ops ops = {.name = "plain C", .precision = "fp32", .matmul = matmul, .matmul_gro
            .mla_attend = mla_attend_absorbed, .moe_experts = moe_experts};
 
 /* ======================================================================== */
-/* 7. activations and the KV cache                                          */
+/* 8. activations and the KV cache                                          */
 
 /* cap: tokens per chunk. A prompt's chunk is PREFILL_CHUNK tokens (glm.h): each weight
  * is read once per chunk, and GLM-5.2 routes a token to 8 of 256 experts, so a chunk of
@@ -667,7 +667,7 @@ size_t kvcache_bytes(const Model *m, int ctx) {
 void kvcache_free(KVCache *kv) { free(kv->latent); free(kv->index_k); }
 
 /* ======================================================================== */
-/* 8. what a step costs                                                     */
+/* 9. what a step costs                                                      */
 /*
  * Counted from the shapes, op by op as forward() runs them, for the tokens/s, GB/s and
  * FLOP/s reports of glm run and glm bench. A matrix's bytes are its file bytes with
@@ -723,7 +723,7 @@ double forward_flops(const Model *m, int n, int pos0, int n_logits) {
 }
 
 /* ======================================================================== */
-/* 9. sampling                                                              */
+/* 10. sampling                                                             */
 
 void sampler_init(Sampler *sp, float temperature, float top_p, uint64_t seed, int vocab) {
     sp->temperature = temperature;
@@ -821,7 +821,7 @@ int sample_weights(Sampler *sp, const float *w, int V) {
 }
 
 /* ======================================================================== */
-/* 10. a session                                                            */
+/* 11. a session                                                            */
 
 /* What glm logits --mtp (and later speculative decoding) needs: an MTP layer, on the
  * CPU. Checked right after loading, so a refusal is the only line printed. */

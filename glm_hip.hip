@@ -752,7 +752,7 @@ __global__ void __launch_bounds__(BLOCK) k_moe_combine(float *y, const float *ex
 }
 
 /* ======================================================================== */
-/* 8. sampling (glm.c §9) on the last device: only the token id comes back   */
+/* 8. sampling (glm.c §10) on the last device: only the token id comes back   */
 
 /* One block. Greedy: the first index of the largest logit. Otherwise softmax at the
  * temperature; with top_p < 1 the candidates (p >= (1-top_p)/(V-1), as glm.c) are

@@ -823,13 +823,13 @@ int sample_weights(Sampler *sp, const float *w, int V) {
 /* ======================================================================== */
 /* 11. a session                                                            */
 
-/* What glm logits --mtp (and later speculative decoding) needs: an MTP layer, on the
- * CPU. Checked right after loading, so a refusal is the only line printed. */
-static void need_mtp(const Model *m, int n_gpus) {
+/* What glm logits --mtp (and speculative decoding) needs: an MTP layer (with --gpu
+ * gpu_load puts it on the last device). Checked right after loading, so a refusal is
+ * the only line printed. */
+static void need_mtp(const Model *m) {
     if (!m->mtp && !m->cfg.n_mtp)
         glm_fatal("--mtp: %s has no MTP layer (config.json: num_nextn_predict_layers 0)", m->ck.dir);
     if (!m->mtp) glm_fatal("--mtp: %s has no MTP layer (no model.layers.%d.* tensors)", m->ck.dir, m->cfg.n_layers);
-    if (n_gpus) glm_fatal("--mtp: the MTP layer runs on the CPU only (leave out --gpu)");
 }
 
 /* Loads the model, sizes its cache and activations for ctx tokens, prints one summary
@@ -838,7 +838,7 @@ static void session_start(Session *S, const char *dir, int ctx, int n_gpus, int 
     memset(S, 0, sizeof *S);
     double t0 = now_s();
     model_load(&S->model, dir);
-    if (mtp) need_mtp(&S->model, n_gpus);
+    if (mtp) need_mtp(&S->model);
     kvcache_init(&S->kv, &S->model, ctx);
     runstate_init(&S->state, &S->model.cfg, ctx < PREFILL_CHUNK ? ctx : PREFILL_CHUNK, ctx);
     fprintf(stderr, "glm: %s: %d layers, %.2f GB of weights in %d shard(s), loaded in %.2f s; KV cache %d tokens x %zu bytes = %.1f MiB; %d threads, %s kernels\n",
@@ -879,22 +879,48 @@ void session_forward(Session *S, KVCache *kv, const int *tokens, int n, float *l
     forward(&S->model, kv, &S->state, tokens, n, logits, all_logits);
 }
 
+/* forward_hidden and mtp_forward on S->kv, on the GPU when there is one (the host
+ * keeps the hidden states in between). */
+static void session_forward_hidden(Session *S, const int *tokens, int n, float *logits, int all_logits, float *hidden) {
+#ifdef GLM_GPU
+    if (S->gpu) {
+        gpu_forward_hidden(S->gpu, S->kv.pos, tokens, n, logits, all_logits, hidden);
+        S->kv.pos += n;
+        S->gpu_logits = all_logits ? NULL : logits;
+        return;
+    }
+#endif
+    forward_hidden(&S->model, &S->kv, &S->state, tokens, n, logits, all_logits, hidden);
+}
+
+static void session_mtp_forward(Session *S, const float *hidden, const int *next, int n, float *logits, int all_logits) {
+#ifdef GLM_GPU
+    if (S->gpu) {
+        gpu_mtp_forward(S->gpu, S->kv.mtp_pos, hidden, next, n, logits, all_logits, NULL);
+        S->kv.mtp_pos += n;
+        S->gpu_logits = NULL; /* the device's last logits are now the MTP layer's */
+        return;
+    }
+#endif
+    mtp_forward(&S->model, &S->kv, &S->state, hidden, next, n, logits, all_logits);
+}
+
 /* glm logits --mtp. Decoding one token at a time, the MTP layer's row t runs as soon as
  * the main model has h_t and token t+1 is known: the order speculative decoding uses. */
 void session_mtp_logits(Session *S, const int *ids, int n, float *logits, int one_at_a_time) {
     const Model *m = &S->model;
     const int H = m->cfg.hidden, V = m->cfg.vocab_size;
-    need_mtp(m, S->gpu != NULL);
+    need_mtp(m);
     if (n < 2) glm_fatal("--mtp: needs at least 2 ids (row i pairs h_i with ids[i+1])");
     float *hidden = xmalloc((size_t)n * H * sizeof(float)); /* h_0 .. h_{n-1} */
     if (one_at_a_time) {
         for (int t = 0; t < n; t++) {
-            forward_hidden(m, &S->kv, &S->state, ids + t, 1, NULL, 0, hidden + (size_t)t * H);
-            if (t) mtp_forward(m, &S->kv, &S->state, hidden + (size_t)(t - 1) * H, ids + t, 1, logits + (size_t)(t - 1) * V, 0);
+            session_forward_hidden(S, ids + t, 1, NULL, 0, hidden + (size_t)t * H);
+            if (t) session_mtp_forward(S, hidden + (size_t)(t - 1) * H, ids + t, 1, logits + (size_t)(t - 1) * V, 0);
         }
     } else {
-        forward_hidden(m, &S->kv, &S->state, ids, n, NULL, 0, hidden);
-        mtp_forward(m, &S->kv, &S->state, hidden, ids + 1, n - 1, logits, 1);
+        session_forward_hidden(S, ids, n, NULL, 0, hidden);
+        session_mtp_forward(S, hidden, ids + 1, n - 1, logits, 1);
     }
     free(hidden);
 }

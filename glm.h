@@ -367,7 +367,7 @@ typedef struct {
 } Session;
 void session_open(Session *S, const char *dir, int ctx, int n_gpus);
 /* session_open for a caller that runs the MTP layer: fatal (the only line printed) if
- * the checkpoint has none, or with n_gpus (the GPU path does not run it) */
+ * the checkpoint has none (with n_gpus the MTP layer runs on the last device) */
 void session_open_mtp(Session *S, const char *dir, int ctx, int n_gpus);
 void session_close(Session *S);
 /* forward() on kv (S->kv unless a second cache), on the GPU when there is one */
@@ -387,6 +387,17 @@ void session_mtp_logits(Session *S, const int *ids, int n, float *logits, int on
  * [0, 1) from the CPU's generator. */
 GpuModel *gpu_load(const Model *m, int n_gpus, int ctx);
 void gpu_forward(GpuModel *g, int pos, const int *tokens, int n, float *logits, int all_logits);
+/* gpu_forward that also writes hidden [n][H] (host, if not NULL): each token's
+ * final-normed hidden state, the MTP layer's h_t (as forward_hidden). */
+void gpu_forward_hidden(GpuModel *g, int pos, const int *tokens, int n, float *logits, int all_logits, float *hidden);
+/* The MTP layer (gpu_load put it on the last device when m->mtp is set) at its rows
+ * mtp_pos.. (the caller's kv->mtp_pos) for n rows, as mtp_forward_hidden without `keep`:
+ * row i pairs hidden[i] (host [n][H], from gpu_forward_hidden) with next[i]; logits
+ * [n][V] if all_logits, else the last row's [V] (logits may be NULL); out_hidden [H]
+ * (if not NULL) the last row's shared_head.norm output. The last row's logits stay on
+ * the device in place of the main model's: gpu_sample would draw from them. */
+void gpu_mtp_forward(GpuModel *g, int mtp_pos, const float *hidden, const int *next, int n, float *logits, int all_logits,
+                     float *out_hidden);
 int gpu_sample(GpuModel *g, float temperature, float top_p, float u);
 void gpu_free(GpuModel *g);
 

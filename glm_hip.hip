@@ -5,10 +5,10 @@
  *   make cuda   nvcc, NVIDIA (sm_90 by default), through the compatibility section below
  *   make emu    plain C++ on the CPU under tests/hip_emu.h (WARP=32 or 64), for CI
  *
- * It computes the same function as glm.c's forward() (sections 1-6 there), op by op
- * and in the same order; the names follow glm.c (matmul, rmsnorm, layernorm, rope,
- * indexer + topk_select, mla_attend_absorbed, attention, swiglu, moe_route, moe,
- * forward). Bare § numbers and pitfalls refer to docs/MODEL.md, "glm.c §N" to
+ * It computes the same function as glm.c's forward() (sections 1-6 there) and its MTP
+ * layer's mtp_forward (section 7), op by op and in the same order; the names follow
+ * glm.c (matmul, rmsnorm, layernorm, rope, indexer + topk_select, mla_attend_absorbed,
+ * attention, swiglu, moe_route, moe, layer_forward, head, forward_hidden). Bare § numbers and pitfalls refer to docs/MODEL.md, "glm.c §N" to
  * glm.c's numbered sections. The tie rules are part of that function: top-k keeps the higher score,
  * then the lower index; the q_a / kv_a latent norms use eps 1e-6; attention is the
  * absorbed MLA over the latent cache restricted to the indexer's selection, and
@@ -23,7 +23,9 @@
  * each device holds its layers' weights and KV cache plus its own scratch. The
  * residual stream (and the indexer selection, which IndexShare carries from layer to
  * layer) is copied to the next device at a range boundary. Device 0 also holds the
- * embedding, the last device the final norm and lm_head.
+ * embedding, the last device the final norm and lm_head, and the MTP layer (if the
+ * checkpoint has one) with its own cache rows: it needs the lm_head, and only its
+ * input's embedding rows come from device 0.
  */
 
 /* ======================================================================== */
@@ -865,8 +867,15 @@ struct GDev {            /* one device: its layer range, weights, cache and a Ru
     float *rope;         /* [T][DR] cos, sin pairs */
     float *x, *a, *cq, *q, *ckv, *q_abs, *o_lat, *o_heads, *out, *ix_scores, *att_scores, *ix_q, *ix_k, *ix_w;
     float *router, *route_scr, *ex_w, *h1, *h2, *eh1, *eh2, *ex_y, *logits, *prob;
+    float *eh;           /* [cap][2H] the MTP layer's input (last device, with an MTP layer) */
     int *sel, *n_sel, *ex_idx, *tokens, *cand, *sample_out;
     int cand_n;
+};
+
+struct GMtp {            /* the MTP layer (glm.h Mtp) on the last device, its cache rows in that device's KV arena */
+    GLayer layer;
+    DMat eh_proj;
+    float *enorm, *hnorm, *head_norm;
 };
 
 struct GpuModel {
@@ -877,6 +886,7 @@ struct GpuModel {
     GLayer *layers;
     DMat embed, lm_head;
     float *final_norm;
+    GMtp *mtp;           /* NULL: the checkpoint has no MTP layer */
     size_t upload_total, upload_done;
     double upload_t0;
 };
@@ -967,6 +977,17 @@ static void up_layer(GpuModel *g, Arena *A, GLayer *G, const Layer *L, int dense
     }
 }
 
+/* Places (or measures) the MTP layer: its decoder layer (MoE, with its own indexer) and
+ * the input and head pieces around it. */
+static void up_mtp(GpuModel *g, Arena *A, GMtp *G, const Mtp *P) {
+    const int H = g->c.hidden;
+    up_layer(g, A, &G->layer, &P->layer, P->layer.dense);
+    G->eh_proj = up_mat(g, A, &P->eh_proj);
+    G->enorm = up_vec(g, A, P->enorm, H);
+    G->hnorm = up_vec(g, A, P->hnorm, H);
+    G->head_norm = up_vec(g, A, P->head_norm, H);
+}
+
 static int imax(int a, int b) { return a > b ? a : b; }
 
 /* Scratch of one device for chunks of up to g->cap tokens (glm.c runstate_init). */
@@ -1011,6 +1032,7 @@ static void take_scratch(GpuModel *g, GDev *D, int last) {
         D->prob = (float *)arena_take(A, (size_t)c->vocab_size * F);
         D->cand = (int *)arena_take(A, (size_t)P * sizeof(int));
         D->sample_out = (int *)arena_take(A, sizeof(int));
+        if (g->m->mtp) D->eh = (float *)arena_take(A, B * 2 * c->hidden * F);
     }
 }
 
@@ -1079,7 +1101,15 @@ extern "C" GpuModel *gpu_load(const Model *m, int n_gpus, int ctx) {
     up_mat(g, &H, &m->embed);
     up_mat(g, &Tl, &m->lm_head);
     up_vec(g, &Tl, m->final_norm, c->hidden);
-    plan_split(g, lb, H.used, Tl.used);
+    Arena M = {NULL, 0, 0}; /* the MTP layer, if any: on the last device with lm_head, which it uses */
+    size_t mtp_kv = 0;
+    if (m->mtp) {
+        GMtp tmp;
+        memset(&tmp, 0, sizeof tmp);
+        up_mtp(g, &M, &tmp, m->mtp);
+        mtp_kv = layer_kv_bytes(c, m->mtp->layer.has_indexer, ctx);
+    }
+    plan_split(g, lb, H.used, Tl.used + M.used + mtp_kv);
 
     /* the plan: bytes per device, checked against what each device has free */
     fprintf(stderr, "glm: gpu plan: %d layers on %d device(s), context %d tokens\n", c->n_layers, n_gpus, ctx);
@@ -1089,6 +1119,7 @@ extern "C" GpuModel *gpu_load(const Model *m, int n_gpus, int ctx) {
         D->id = d;
         size_t wbytes = d == 0 ? H.used + 256 : 0, kv = 0;
         if (d == n_gpus - 1) wbytes += Tl.used + 256;
+        if (d == n_gpus - 1 && m->mtp) { wbytes += M.used + 256; kv += mtp_kv + 256; }
         for (int l = D->l0; l < D->l1; l++) {
             wbytes += lb[l] - layer_kv_bytes(c, c->full_index[l], ctx) + 256;
             kv += layer_kv_bytes(c, c->full_index[l], ctx) + 256;
@@ -1108,8 +1139,9 @@ extern "C" GpuModel *gpu_load(const Model *m, int n_gpus, int ctx) {
         size_t margin = total_b / 64 < ((size_t)512 << 20) ? total_b / 64 : ((size_t)512 << 20);
         int ok = need + margin <= free_b;
         fits &= ok;
-        fprintf(stderr, "  device %d (%s): layers %d-%d%s%s: weights %.3f GB + KV cache %.3f GB + scratch %.3f GB = %.3f GB of %.3f GB free%s\n",
-                d, prop.name, D->l0, D->l1 - 1, d == 0 ? " + embedding" : "", d == n_gpus - 1 ? " + lm_head" : "", wbytes / 1e9, kv / 1e9,
+        fprintf(stderr, "  device %d (%s): layers %d-%d%s%s%s: weights %.3f GB + KV cache %.3f GB + scratch %.3f GB = %.3f GB of %.3f GB free%s\n",
+                d, prop.name, D->l0, D->l1 - 1, d == 0 ? " + embedding" : "", d == n_gpus - 1 ? " + lm_head" : "",
+                d == n_gpus - 1 && m->mtp ? " + MTP layer" : "", wbytes / 1e9, kv / 1e9,
                 D->scratch.size / 1e9, need / 1e9, free_b / 1e9, ok ? "" : "  <-- does not fit");
     }
     free(lb);
@@ -1117,7 +1149,7 @@ extern "C" GpuModel *gpu_load(const Model *m, int n_gpus, int ctx) {
         glm_fatal("--gpus %d: the model does not fit in GPU memory (see the plan above); use more GPUs (--gpus N) or a smaller --ctx", n_gpus);
 
     /* allocate and upload */
-    g->upload_total = m->weight_bytes;
+    g->upload_total = m->weight_bytes + (m->mtp ? m->mtp->bytes : 0);
     g->upload_t0 = now_s();
     float *rt = (float *)malloc((size_t)ctx * c->qk_rope * sizeof(float));
     if (!rt) glm_fatal("out of memory");
@@ -1144,6 +1176,15 @@ extern "C" GpuModel *gpu_load(const Model *m, int n_gpus, int ctx) {
         if (d == n_gpus - 1) {
             g->lm_head = up_mat(g, &D->weights, &m->lm_head);
             g->final_norm = up_vec(g, &D->weights, m->final_norm, c->hidden);
+            if (m->mtp) { /* its cache rows after the main layers' (glm.c: latent row n_layers, indexer slot n_index_layers) */
+                g->mtp = (GMtp *)calloc(1, sizeof(GMtp));
+                if (!g->mtp) glm_fatal("out of memory");
+                GLayer *G = &g->mtp->layer;
+                up_mtp(g, &D->weights, g->mtp, m->mtp);
+                G->dev = d;
+                G->latent = (float *)arena_take(&KV, (size_t)ctx * (c->kv_lora_rank + c->qk_rope) * sizeof(float));
+                if (G->has_indexer) G->index_k = (float *)arena_take(&KV, (size_t)ctx * c->index_head_dim * sizeof(float));
+            }
         }
         CHECK(hipMemset(kvbase, 0, D->kv_bytes ? D->kv_bytes : 1));
     }
@@ -1164,6 +1205,7 @@ extern "C" void gpu_free(GpuModel *g) {
     for (int l = 0; l < g->c.n_layers; l++) /* the KV arena of a device starts at its first layer's cache */
         if (l == 0 || g->layers[l].dev != g->layers[l - 1].dev) { CHECK(hipSetDevice(g->layers[l].dev)); dfree(g->layers[l].latent); }
     free(g->layers);
+    free(g->mtp); /* its memory lies in the last device's arenas */
     free(g);
 }
 
@@ -1267,12 +1309,50 @@ static void hand_over(GpuModel *g, GDev *from, GDev *to, int B) {
     CHECK(hipSetDevice(to->id));
 }
 
-/* Runs tokens[0..n) at positions pos.. and appends them to the cache. Writes
- * logits [n][V] if all_logits, else only the last token's [V] (to `logits` unless it
- * is NULL; they also stay on the device for gpu_sample). */
-extern "C" void gpu_forward(GpuModel *g, int pos, const int *tokens, int n, float *logits, int all_logits) {
+/* One decoder layer L on the chunk's B rows at positions pos0.. (glm.c layer_forward):
+ * pre-norm attention and pre-norm MLP (dense) or MoE, each added to D->x. The MTP
+ * layer (g->mtp->layer, its own cache rows) runs through the same code. */
+static void layer_forward(GpuModel *g, GDev *D, const GLayer *L, int dense, int B, int pos0) {
+    const Config *c = &g->c;
+    const int H = c->hidden;
+    size_t nh = (size_t)B * H;
+    rmsnorm(D->a, D->x, L->input_norm, H, B, c->rms_eps);
+    attention(g, D, L, B, pos0);
+    LAUNCH(k_add, dim3(blocks_for(nh)), dim3(BLOCK), 0, 0, D->x, (const float *)D->out, nh);
+    rmsnorm(D->a, D->x, L->post_norm, H, B, c->rms_eps);
+    if (dense) swiglu(D, D->out, D->a, L->gate, L->up, L->down, B);
+    else moe(g, D, L, D->a, D->out, B);
+    LAUNCH(k_add, dim3(blocks_for(nh)), dim3(BLOCK), 0, 0, D->x, (const float *)D->out, nh);
+}
+
+/* The output head of a chunk on the last device D (glm.c head(); the MTP layer's with
+ * its shared_head.norm): rows start..start+B-1 of n are D->x; RMSNorm(x; norm) ->
+ * hidden (host, if wanted) and -> lm_head -> logits of every row (all_logits) or of the
+ * n-th only (into D->logits, and to `logits` unless it is NULL). */
+static void head(GpuModel *g, GDev *D, const float *norm, int start, int B, int n, float *logits, int all_logits, float *hidden) {
     const Config *c = &g->c;
     const int H = c->hidden, V = c->vocab_size;
+    if (all_logits || hidden) {
+        rmsnorm(D->a, D->x, norm, H, B, c->rms_eps);
+        if (hidden) CHECK(hipMemcpy(hidden + (size_t)start * H, D->a, (size_t)B * H * sizeof(float), hipMemcpyDeviceToHost));
+        if (all_logits) {
+            matmul(D->logits, D->a, g->lm_head, B);
+            CHECK(hipMemcpy(logits + (size_t)start * V, D->logits, (size_t)B * V * sizeof(float), hipMemcpyDeviceToHost));
+        }
+    }
+    if (!all_logits && start + B == n) { /* the last token only */
+        rmsnorm(D->a, D->x + (size_t)(B - 1) * H, norm, H, 1, c->rms_eps);
+        matmul(D->logits, D->a, g->lm_head, 1);
+        if (logits) CHECK(hipMemcpy(logits, D->logits, (size_t)V * sizeof(float), hipMemcpyDeviceToHost));
+    }
+}
+
+/* Runs tokens[0..n) at positions pos.. and appends them to the cache. Writes
+ * logits [n][V] if all_logits, else only the last token's [V] (to `logits` unless it
+ * is NULL; they also stay on the device for gpu_sample); hidden [n][H] (if not NULL):
+ * each token's final-normed hidden state, the MTP layer's h_t (glm.c forward_hidden). */
+extern "C" void gpu_forward_hidden(GpuModel *g, int pos, const int *tokens, int n, float *logits, int all_logits, float *hidden) {
+    const Config *c = &g->c;
     g->pos = pos; /* the cache beyond pos is overwritten, as on the CPU (chat rewinds it) */
     if (g->pos + n > g->ctx) glm_fatal("--ctx %d: %d more tokens do not fit the context (%d cached)", g->ctx, n, g->pos);
     for (int start = 0; start < n; start += g->cap) {
@@ -1284,24 +1364,53 @@ extern "C" void gpu_forward(GpuModel *g, int pos, const int *tokens, int n, floa
         for (int l = 0; l < c->n_layers; l++) {
             const GLayer *L = &g->layers[l];
             if (L->dev != D->id) { hand_over(g, D, &g->dev[L->dev], B); D = &g->dev[L->dev]; }
-            size_t nh = (size_t)B * H;
-            rmsnorm(D->a, D->x, L->input_norm, H, B, c->rms_eps);
-            attention(g, D, L, B, pos0);
-            LAUNCH(k_add, dim3(blocks_for(nh)), dim3(BLOCK), 0, 0, D->x, (const float *)D->out, nh);
-            rmsnorm(D->a, D->x, L->post_norm, H, B, c->rms_eps);
-            if (c->dense[l]) swiglu(D, D->out, D->a, L->gate, L->up, L->down, B);
-            else moe(g, D, L, D->a, D->out, B);
-            LAUNCH(k_add, dim3(blocks_for(nh)), dim3(BLOCK), 0, 0, D->x, (const float *)D->out, nh);
+            layer_forward(g, D, L, c->dense[l], B, pos0);
         }
         g->pos += B;
-        if (all_logits) {
-            rmsnorm(D->a, D->x, g->final_norm, H, B, c->rms_eps);
-            matmul(D->logits, D->a, g->lm_head, B);
-            CHECK(hipMemcpy(logits + (size_t)start * V, D->logits, (size_t)B * V * sizeof(float), hipMemcpyDeviceToHost));
-        } else if (start + B == n) {
-            rmsnorm(D->a, D->x + (size_t)(B - 1) * H, g->final_norm, H, 1, c->rms_eps);
-            matmul(D->logits, D->a, g->lm_head, 1);
-            if (logits) CHECK(hipMemcpy(logits, D->logits, (size_t)V * sizeof(float), hipMemcpyDeviceToHost));
+        head(g, D, g->final_norm, start, B, n, logits, all_logits, hidden);
+    }
+    CHECK(hipGetLastError());
+}
+
+extern "C" void gpu_forward(GpuModel *g, int pos, const int *tokens, int n, float *logits, int all_logits) {
+    gpu_forward_hidden(g, pos, tokens, n, logits, all_logits, NULL);
+}
+
+/* The MTP layer (glm.c mtp_forward_hidden) at its rows mtp_pos.. for n rows, on the
+ * last device: row i pairs the main model's final-normed hidden[i] (host, from
+ * gpu_forward_hidden) with next[i]:
+ *   u = eh_proj · [RMSNorm(embed(next[i]); enorm) ; RMSNorm(hidden[i]; hnorm)]
+ * then the MoE decoder layer on its own cache rows, shared_head.norm and the main
+ * lm_head. The embedding is looked up on device 0 (which holds it) and copied over. */
+extern "C" void gpu_mtp_forward(GpuModel *g, int mtp_pos, const float *hidden, const int *next, int n, float *logits, int all_logits,
+                                float *out_hidden) {
+    const Config *c = &g->c;
+    const int H = c->hidden;
+    const GMtp *P = g->mtp;
+    if (!P) glm_fatal("--mtp: the GPU copy of the model has no MTP layer");
+    if (mtp_pos + n > g->ctx) glm_fatal("--ctx %d: %d more MTP rows do not fit the context (%d cached)", g->ctx, n, mtp_pos);
+    GDev *D0 = &g->dev[0], *D = &g->dev[g->n_dev - 1];
+    for (int start = 0; start < n; start += g->cap) {
+        const int B = n - start < g->cap ? n - start : g->cap;
+        const size_t nh = (size_t)B * H;
+        CHECK(hipSetDevice(D0->id));
+        CHECK(hipMemcpy(D0->tokens, next + start, (size_t)B * sizeof(int), hipMemcpyHostToDevice));
+        if (D0 == D) LAUNCH(k_embed, dim3(B), dim3(BLOCK), 0, 0, g->embed, (const int *)D0->tokens, D->a);
+        else { /* device 0's scratch is free between forward passes */
+            LAUNCH(k_embed, dim3(B), dim3(BLOCK), 0, 0, g->embed, (const int *)D0->tokens, D0->out);
+            CHECK(hipDeviceSynchronize());
+            CHECK(hipMemcpyPeer(D->a, D->id, D0->out, D0->id, nh * sizeof(float)));
+            CHECK(hipSetDevice(D->id));
+        }
+        CHECK(hipMemcpy(D->out, hidden + (size_t)start * H, nh * sizeof(float), hipMemcpyHostToDevice));
+        LAUNCH(k_rmsnorm, dim3(B), dim3(BLOCK), 0, 0, D->eh, 2 * H, (const float *)D->a, H, (const float *)P->enorm, H, c->rms_eps);
+        LAUNCH(k_rmsnorm, dim3(B), dim3(BLOCK), 0, 0, D->eh + H, 2 * H, (const float *)D->out, H, (const float *)P->hnorm, H, c->rms_eps);
+        matmul(D->x, D->eh, P->eh_proj, B);
+        layer_forward(g, D, &P->layer, g->m->mtp->layer.dense, B, mtp_pos + start);
+        head(g, D, P->head_norm, start, B, n, logits, all_logits, NULL);
+        if (out_hidden && start + B == n) {
+            rmsnorm(D->a, D->x + (size_t)(B - 1) * H, P->head_norm, H, 1, c->rms_eps);
+            CHECK(hipMemcpy(out_hidden, D->a, (size_t)H * sizeof(float), hipMemcpyDeviceToHost));
         }
     }
     CHECK(hipGetLastError());

@@ -6,6 +6,9 @@
 #   - whole-forward logits of `glm_emu logits --gpu` against `glm logits` on the tiny
 #     checkpoints (bf16, fp8, mxfp4, mixed, grouped routing): relative L2 <= 1e-4 per
 #     position and the same argmax, by prefill and by --decode;
+#   - the MTP layer: `glm_emu logits --mtp --gpu` against `glm logits --mtp`, same tolerance,
+#     prefill and --decode, both widths; with --gpus 2 it sits on the last device and its
+#     logits are bit-identical to --gpus 1;
 #   - layers split over 2 and 3 virtual GPUs give bit-identical logits to 1;
 #   - run --gpu (sampling on the device) prints the CPU's tokens; the plan refuses a
 #     model that does not fit; the CPU build refuses --gpu in one line;
@@ -92,6 +95,39 @@ d=$OUT/mixed
 "$CPU" logits -m "$d" --ids "$LONG" --ctx 100 -o "$d/cpu_long.bin" 2>/dev/null
 ./glm_emu32 logits --gpus 2 -m "$d" --ids "$LONG" --ctx 100 -o "$d/gpu_long.bin" 2>/dev/null || bad "glm_emu32 70-token prefill" "failed"
 compare "forward mixed wave 32, 70 tokens in two chunks on 2 GPUs vs CPU" "$d/cpu_long.bin" "$d/gpu_long.bin" "$V"
+
+# --- the MTP layer: logits --mtp --gpu against the CPU's logits --mtp ------------------------------
+# [n-1][V]: row i the MTP layer's prediction of id i+2 from h_i and id i+1; the MTP layer sits on
+# the last device with its own cache rows. Same tolerance as the main logits.
+for m in $MODELS; do
+    d=$OUT/$m; V=$(vocab "$d")
+    "$CPU" logits --mtp -m "$d" --ids $IDS -o "$d/cpu_mtp.bin" 2>/dev/null || bad "cpu logits --mtp $m" "glm logits --mtp failed"
+    "$CPU" logits --mtp --decode -m "$d" --ids $IDS -o "$d/cpu_mtp_dec.bin" 2>/dev/null || bad "cpu logits --mtp --decode $m" "glm logits --mtp failed"
+    for w in 64 32; do
+        ./glm_emu$w logits --mtp --gpu -m "$d" --ids $IDS -o "$d/gpu${w}_mtp.bin" 2>"$d/gpu$w.err" || bad "glm_emu$w logits --mtp --gpu $m" "$(tail -n 2 "$d/gpu$w.err")"
+        compare "MTP layer $m wave $w prefill vs CPU" "$d/cpu_mtp.bin" "$d/gpu${w}_mtp.bin" "$V"
+        case "$m$w" in bf1632|fp864|ngroup32|mxfp464) continue ;; esac # --decode: one width per model
+        ./glm_emu$w logits --mtp --gpu --decode -m "$d" --ids $IDS -o "$d/gpu${w}_mtp_dec.bin" 2>"$d/gpu$w.err" || bad "glm_emu$w logits --mtp --gpu --decode $m" "$(tail -n 2 "$d/gpu$w.err")"
+        compare "MTP layer $m wave $w --decode vs CPU" "$d/cpu_mtp_dec.bin" "$d/gpu${w}_mtp_dec.bin" "$V"
+    done
+done
+d=$OUT/mixed; V=$(vocab "$d")
+for w in 64 32; do
+    for mode in prefill decode; do
+        suffix=; flag=
+        [ $mode = decode ] && suffix=_dec && flag=--decode
+        [ -e "$d/gpu${w}_mtp$suffix.bin" ] || ./glm_emu$w logits --mtp --gpu $flag -m "$d" --ids $IDS -o "$d/gpu${w}_mtp$suffix.bin" 2>/dev/null
+        if ./glm_emu$w logits --mtp --gpus 2 $flag -m "$d" --ids $IDS -o "$d/gpus2_${w}_mtp$suffix.bin" 2>"$d/gpus2.err"; then
+            if ! grep -q "^  device 1 .*+ lm_head + MTP layer" "$d/gpus2.err"; then bad "MTP layer --gpus 2 wave $w $mode" "the plan does not put the MTP layer on device 1"
+            elif ! cmp -s "$d/gpu${w}_mtp$suffix.bin" "$d/gpus2_${w}_mtp$suffix.bin"; then bad "MTP layer --gpus 2 wave $w $mode" "logits differ from --gpus 1"
+            else ok "MTP layer --gpus 2 wave $w $mode: on the last device, logits identical to --gpus 1"; fi
+            compare "MTP layer mixed wave $w --gpus 2 $mode vs CPU" "$d/cpu_mtp$suffix.bin" "$d/gpus2_${w}_mtp$suffix.bin" "$V"
+        else bad "MTP layer --gpus 2 wave $w $mode" "$(tail -n 2 "$d/gpus2.err")"; fi
+    done
+done
+"$CPU" logits --mtp -m "$d" --ids "$LONG" --ctx 100 -o "$d/cpu_mtp_long.bin" 2>/dev/null
+./glm_emu32 logits --mtp --gpus 2 -m "$d" --ids "$LONG" --ctx 100 -o "$d/gpu_mtp_long.bin" 2>/dev/null || bad "glm_emu32 70-token MTP prefill" "failed"
+compare "MTP layer mixed wave 32, 70 tokens in two chunks on 2 GPUs vs CPU" "$d/cpu_mtp_long.bin" "$d/gpu_mtp_long.bin" "$V"
 
 # --- several GPUs: the layer split must not change a bit -------------------------------------------
 for m in mixed ngroup; do

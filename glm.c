@@ -150,7 +150,9 @@ static float sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
  * common (ReLU zeros in the indexer), so the tie rule is part of the definition
  * (§3.5); the NumPy reference uses the same. */
 static int better(const float *score, int a, int b) {
-    return score[a] > score[b] || (score[a] == score[b] && a < b);
+    float x = score[a], y = score[b];
+    if (x != x || y != y) return y != y && (x == x || a < b); /* NaN ranks below every number (even -inf), NaNs by index */
+    return x > y || (x == y && a < b);
 }
 
 static void topk_select(const float *score, int n, int k, int *heap) {
@@ -572,17 +574,23 @@ static int cmp_int_desc(const void *a, const void *b) { return *(const int *)b -
  * rows newest first, index_topk at most: while the context is within index_topk this is
  * exactly dense causal attention, like every other layer. (Which keys engines add there is
  * an open point, docs/MODEL.md §9; it changes what is drafted, never what is output.) */
-void mtp_draft_shared(const Model *m, KVCache *kv, RunState *s, const float *h, int next, float *logits, float *out_hidden,
-                      const MtpSelection *step0) {
-    const int K = m->cfg.index_topk;
-    int n = 0, *sel = s->sel; /* row 0 of the chunk's selection, which attention reads as it is */
-    for (int r = kv->mtp_pos; r > step0->pos && n < K; r--) sel[n++] = r;
+/* The selection of a draft step >= 1 at MTP row mtp_pos into sel[K]; returns its size
+ * (>= 1: the row itself). The GPU's draft step takes it from here too. */
+static int mtp_shared_selection(int K, int mtp_pos, const MtpSelection *step0, int *sel) {
+    int n = 0;
+    for (int r = mtp_pos; r > step0->pos && n < K; r--) sel[n++] = r;
     int *old = xmalloc((size_t)(step0->n_sel ? step0->n_sel : 1) * sizeof(int));
     memcpy(old, step0->sel, (size_t)step0->n_sel * sizeof(int));
     qsort(old, (size_t)step0->n_sel, sizeof(int), cmp_int_desc);
     for (int i = 0; i < step0->n_sel && n < K; i++) sel[n++] = old[i];
     free(old);
-    s->n_sel[0] = n;
+    return n;
+}
+
+void mtp_draft_shared(const Model *m, KVCache *kv, RunState *s, const float *h, int next, float *logits, float *out_hidden,
+                      const MtpSelection *step0) {
+    /* row 0 of the chunk's selection, which attention reads as it is */
+    s->n_sel[0] = mtp_shared_selection(m->cfg.index_topk, kv->mtp_pos, step0, s->sel);
     Layer shared = m->mtp->layer; /* the same weights; attention keeps s->sel when the layer has no indexer */
     shared.has_indexer = 0;
     mtp_chunk(m, &shared, kv, s, h, &next, 0, 1, 1, logits, 0, out_hidden);
@@ -881,7 +889,7 @@ void session_forward(Session *S, KVCache *kv, const int *tokens, int n, float *l
 
 /* forward_hidden and mtp_forward on S->kv, on the GPU when there is one (the host
  * keeps the hidden states in between). */
-static void session_forward_hidden(Session *S, const int *tokens, int n, float *logits, int all_logits, float *hidden) {
+void session_forward_hidden(Session *S, const int *tokens, int n, float *logits, int all_logits, float *hidden) {
 #ifdef GLM_GPU
     if (S->gpu) {
         gpu_forward_hidden(S->gpu, S->kv.pos, tokens, n, logits, all_logits, hidden);
@@ -893,16 +901,39 @@ static void session_forward_hidden(Session *S, const int *tokens, int n, float *
     forward_hidden(&S->model, &S->kv, &S->state, tokens, n, logits, all_logits, hidden);
 }
 
-static void session_mtp_forward(Session *S, const float *hidden, const int *next, int n, float *logits, int all_logits) {
+void session_mtp_forward_hidden(Session *S, const float *hidden, const int *next, int n, float *logits, int all_logits,
+                                float *out_hidden, MtpSelection *keep) {
 #ifdef GLM_GPU
     if (S->gpu) {
-        gpu_mtp_forward(S->gpu, S->kv.mtp_pos, hidden, next, n, logits, all_logits, NULL);
+        gpu_mtp_forward_keep(S->gpu, S->kv.mtp_pos, hidden, next, n, logits, all_logits, out_hidden, keep);
         S->kv.mtp_pos += n;
         S->gpu_logits = NULL; /* the device's last logits are now the MTP layer's */
         return;
     }
 #endif
-    mtp_forward(&S->model, &S->kv, &S->state, hidden, next, n, logits, all_logits);
+    mtp_forward_hidden(&S->model, &S->kv, &S->state, hidden, next, n, logits, all_logits, out_hidden, keep);
+}
+
+static void session_mtp_forward(Session *S, const float *hidden, const int *next, int n, float *logits, int all_logits) {
+    session_mtp_forward_hidden(S, hidden, next, n, logits, all_logits, NULL, NULL);
+}
+
+/* On the GPU the host computes the selection (the same rows as on the CPU) and the
+ * device's MTP row attends to it. */
+void session_mtp_draft_shared(Session *S, const float *h, int next, float *logits, float *out_hidden, const MtpSelection *step0) {
+#ifdef GLM_GPU
+    if (S->gpu) {
+        const int K = S->model.cfg.index_topk;
+        int *sel = xmalloc((size_t)K * sizeof(int));
+        const int n_sel = mtp_shared_selection(K, S->kv.mtp_pos, step0, sel);
+        gpu_mtp_draft_shared(S->gpu, S->kv.mtp_pos, h, next, logits, out_hidden, sel, n_sel);
+        free(sel);
+        S->kv.mtp_pos += 1;
+        S->gpu_logits = NULL;
+        return;
+    }
+#endif
+    mtp_draft_shared(&S->model, &S->kv, &S->state, h, next, logits, out_hidden, step0);
 }
 
 /* glm logits --mtp. Decoding one token at a time, the MTP layer's row t runs as soon as

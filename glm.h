@@ -378,6 +378,15 @@ int session_sample(Session *S, Sampler *sp, float *logits);
  * i the MTP layer's prediction of ids[i+2]. one_at_a_time: both one token per step
  * (decode, the MTP row as soon as its token is known), else one prefill each. */
 void session_mtp_logits(Session *S, const int *ids, int n, float *logits, int one_at_a_time);
+/* spec.c's steps on S->kv, on the GPU when there is one (positions stay the host's:
+ * kv.pos and kv.mtp_pos; a rollback is setting them). session_forward_hidden is
+ * forward_hidden; session_mtp_forward_hidden is mtp_forward_hidden; session_mtp_draft_shared
+ * is mtp_draft_shared. Each leaves the last logits on the device for session_sample only
+ * when it is the main model's single-row pass. */
+void session_forward_hidden(Session *S, const int *tokens, int n, float *logits, int all_logits, float *hidden);
+void session_mtp_forward_hidden(Session *S, const float *hidden, const int *next, int n, float *logits, int all_logits,
+                                float *out_hidden, MtpSelection *keep);
+void session_mtp_draft_shared(Session *S, const float *h, int next, float *logits, float *out_hidden, const MtpSelection *step0);
 
 /* GPU forward pass (glm_hip.hip; linked only into the GLM_GPU builds: make hip | cuda | emu).
  * gpu_load prints the plan (layers and bytes per device), stops if it does not fit,
@@ -398,6 +407,15 @@ void gpu_forward_hidden(GpuModel *g, int pos, const int *tokens, int n, float *l
  * the device in place of the main model's: gpu_sample would draw from them. */
 void gpu_mtp_forward(GpuModel *g, int mtp_pos, const float *hidden, const int *next, int n, float *logits, int all_logits,
                      float *out_hidden);
+/* gpu_mtp_forward that also writes keep (if not NULL): the last row's selection, its pos
+ * mtp_pos + n - 1 (as mtp_forward_hidden's keep). */
+void gpu_mtp_forward_keep(GpuModel *g, int mtp_pos, const float *hidden, const int *next, int n, float *logits,
+                          int all_logits, float *out_hidden, MtpSelection *keep);
+/* glm.c mtp_draft_shared on the device: one MTP row at mtp_pos that runs no indexer and
+ * attends to the MTP-cache rows sel[0..n_sel) (the host's mtp_shared_selection);
+ * logits [V] (may be NULL) and out_hidden [H] as gpu_mtp_forward. */
+void gpu_mtp_draft_shared(GpuModel *g, int mtp_pos, const float *h, int next, float *logits, float *out_hidden,
+                          const int *sel, int n_sel);
 int gpu_sample(GpuModel *g, float temperature, float top_p, float u);
 void gpu_free(GpuModel *g);
 
@@ -426,8 +444,9 @@ typedef struct {
     long steps, drafted, accepted; /* verify steps, drafts proposed, drafts accepted */
 } Speculator;
 /* asked: --draft N, or -1 for this backend's default (spec.c: SPEC_DEFAULT_*). Drafts
- * need the MTP layer on the CPU; asked for without one, one stderr line says why and
- * decoding goes on without drafts. */
+ * need the MTP layer (with --gpu it runs on the last device, through the session_*
+ * entries); asked for without one, one stderr line says why and decoding goes on
+ * without drafts. */
 void spec_open(Speculator *sp, Session *S, int asked);
 void spec_close(Speculator *sp);
 /* Runs ids[kv->pos..n) (kv->pos: the prefix the caller kept cached, ids[0..kv->pos) in

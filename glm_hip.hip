@@ -205,10 +205,12 @@ __device__ float block_max(float v) {
     return s;
 }
 
-/* glm.c's better(): higher score first, then the lower index. Index -1 = nothing. */
+/* glm.c's better(): higher score first, then the lower index; NaN ranks below every
+ * number (even -inf), NaNs among themselves by index. Index -1 = nothing. */
 __device__ __forceinline__ bool better(float va, int ia, float vb, int ib) {
     if (ib < 0) return ia >= 0;
     if (ia < 0) return false;
+    if (va != va || vb != vb) return vb != vb && (va == va || ia < ib);
     return va > vb || (va == vb && ia < ib);
 }
 
@@ -563,6 +565,7 @@ __global__ void __launch_bounds__(BLOCK) k_ix_scores(float *scores, int ld, cons
 
 /* fp32 -> uint32 whose unsigned order is the float order (+0 and -0 equal). */
 __device__ __forceinline__ uint32_t order_key(float f) {
+    if (f != f) return 0; /* NaN below -inf, as glm.c's better() */
     uint32_t u = __float_as_uint(f);
     if ((u << 1) == 0) u = 0;
     return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
@@ -724,14 +727,18 @@ __global__ void __launch_bounds__(BLOCK) k_moe_route(const float *logits, const 
             __syncthreads();
         }
     }
-    /* A rounds of a block-wide best; a chosen expert is marked NaN so it drops out */
+    /* A rounds of a block-wide best over the experts not chosen yet (idx[0..k)); better()
+     * ranks NaN last, so every round finds one (E >= A) and best is never -1 */
     for (int k = 0; k < A; k++) {
         float v = 0.0f;
         int best = -1;
-        for (int e = threadIdx.x; e < E; e += blockDim.x)
-            if (sel[e] == sel[e] && better(sel[e], e, v, best)) { v = sel[e]; best = e; }
+        for (int e = threadIdx.x; e < E; e += blockDim.x) {
+            bool taken = false;
+            for (int j = 0; j < k; j++) taken |= idx[j] == e;
+            if (!taken && better(sel[e], e, v, best)) { v = sel[e]; best = e; }
+        }
         block_best(v, best);
-        if (threadIdx.x == 0) { sel[best] = __uint_as_float(0x7fc00000u); idx[k] = best; }
+        if (threadIdx.x == 0) idx[k] = best;
         __syncthreads();
     }
     if (threadIdx.x == 0) {
@@ -767,6 +774,7 @@ __global__ void __launch_bounds__(BLOCK) k_sample(const float *logits, int V, fl
     for (int i = threadIdx.x; i < V; i += blockDim.x)
         if (better(logits[i], i, v, best)) { v = logits[i]; best = i; }
     block_best(v, best);
+    if (logits[0] != logits[0]) best = 0; /* glm.c argmax: nothing beats a NaN first logit (never -1) */
     if (temperature <= 0.0f) {
         if (threadIdx.x == 0) *out = best;
         return;
@@ -1298,9 +1306,16 @@ static void moe(GpuModel *g, GDev *D, const GLayer *L, const float *x, float *y,
     LAUNCH(k_moe_combine, dim3(n), dim3(BLOCK), 0, 0, y, (const float *)D->ex_y, (const float *)D->ex_w, A, H);
 }
 
-/* The residual stream and the current selection move to the device of the next layer. */
+/* The residual stream and the current selection move to the device of the next layer.
+ * Both devices are synchronized first: the source's results must be complete, and the
+ * destination may still run (or have queued) the previous chunk's kernels that read its
+ * x / sel / n_sel. ROCm's hipMemcpyPeer does not wait for the destination's work
+ * (CUDA's cudaMemcpyPeer does), so without the second sync the copy could overwrite
+ * them under those kernels. */
 static void hand_over(GpuModel *g, GDev *from, GDev *to, int B) {
     const Config *c = &g->c;
+    CHECK(hipSetDevice(to->id));
+    CHECK(hipDeviceSynchronize());
     CHECK(hipSetDevice(from->id));
     CHECK(hipDeviceSynchronize());
     CHECK(hipMemcpyPeer(to->x, to->id, from->x, from->id, (size_t)B * c->hidden * sizeof(float)));
@@ -1382,11 +1397,16 @@ extern "C" void gpu_forward(GpuModel *g, int pos, const int *tokens, int n, floa
  *   u = eh_proj · [RMSNorm(embed(next[i]); enorm) ; RMSNorm(hidden[i]; hnorm)]
  * then the MoE decoder layer on its own cache rows, shared_head.norm and the main
  * lm_head. The embedding is looked up on device 0 (which holds it) and copied over. */
-extern "C" void gpu_mtp_forward(GpuModel *g, int mtp_pos, const float *hidden, const int *next, int n, float *logits, int all_logits,
-                                float *out_hidden) {
+/* shared (n == 1 only): the row runs no indexer and attends to the host's selection
+ * shared[0..n_shared) (glm.c mtp_draft_shared); keep: the last row's selection, copied
+ * back for the draft steps that will share it. */
+static void mtp_rows(GpuModel *g, int mtp_pos, const float *hidden, const int *next, int n, float *logits, int all_logits,
+                     float *out_hidden, MtpSelection *keep, const int *shared, int n_shared) {
     const Config *c = &g->c;
     const int H = c->hidden;
     const GMtp *P = g->mtp;
+    GLayer shared_layer;
+    const GLayer *L = P ? &P->layer : NULL;
     if (!P) glm_fatal("--mtp: the GPU copy of the model has no MTP layer");
     if (mtp_pos + n > g->ctx) glm_fatal("--ctx %d: %d more MTP rows do not fit the context (%d cached)", g->ctx, n, mtp_pos);
     GDev *D0 = &g->dev[0], *D = &g->dev[g->n_dev - 1];
@@ -1399,6 +1419,8 @@ extern "C" void gpu_mtp_forward(GpuModel *g, int mtp_pos, const float *hidden, c
         else { /* device 0's scratch is free between forward passes */
             LAUNCH(k_embed, dim3(B), dim3(BLOCK), 0, 0, g->embed, (const int *)D0->tokens, D0->out);
             CHECK(hipDeviceSynchronize());
+            CHECK(hipSetDevice(D->id)); /* ROCm's peer copy does not wait for the destination's queued work (see hand_over) */
+            CHECK(hipDeviceSynchronize());
             CHECK(hipMemcpyPeer(D->a, D->id, D0->out, D0->id, nh * sizeof(float)));
             CHECK(hipSetDevice(D->id));
         }
@@ -1406,7 +1428,19 @@ extern "C" void gpu_mtp_forward(GpuModel *g, int mtp_pos, const float *hidden, c
         LAUNCH(k_rmsnorm, dim3(B), dim3(BLOCK), 0, 0, D->eh, 2 * H, (const float *)D->a, H, (const float *)P->enorm, H, c->rms_eps);
         LAUNCH(k_rmsnorm, dim3(B), dim3(BLOCK), 0, 0, D->eh + H, 2 * H, (const float *)D->out, H, (const float *)P->hnorm, H, c->rms_eps);
         matmul(D->x, D->eh, P->eh_proj, B);
-        layer_forward(g, D, &P->layer, g->m->mtp->layer.dense, B, mtp_pos + start);
+        if (shared) { /* row 0 of the chunk's selection, which attention reads as it is */
+            CHECK(hipMemcpy(D->sel, shared, (size_t)n_shared * sizeof(int), hipMemcpyHostToDevice));
+            CHECK(hipMemcpy(D->n_sel, &n_shared, sizeof(int), hipMemcpyHostToDevice));
+            shared_layer = P->layer;
+            shared_layer.has_indexer = 0;
+            L = &shared_layer;
+        }
+        layer_forward(g, D, L, g->m->mtp->layer.dense, B, mtp_pos + start);
+        if (keep && start + B == n) { /* the MTP layer is always "full": its indexer just chose D->sel */
+            CHECK(hipMemcpy(&keep->n_sel, D->n_sel + (B - 1), sizeof(int), hipMemcpyDeviceToHost));
+            CHECK(hipMemcpy(keep->sel, D->sel + (size_t)(B - 1) * c->index_topk, (size_t)keep->n_sel * sizeof(int), hipMemcpyDeviceToHost));
+            keep->pos = mtp_pos + n - 1;
+        }
         head(g, D, P->head_norm, start, B, n, logits, all_logits, NULL);
         if (out_hidden && start + B == n) {
             rmsnorm(D->a, D->x + (size_t)(B - 1) * H, P->head_norm, H, 1, c->rms_eps);
@@ -1414,6 +1448,22 @@ extern "C" void gpu_mtp_forward(GpuModel *g, int mtp_pos, const float *hidden, c
         }
     }
     CHECK(hipGetLastError());
+}
+
+extern "C" void gpu_mtp_forward(GpuModel *g, int mtp_pos, const float *hidden, const int *next, int n, float *logits, int all_logits,
+                                float *out_hidden) {
+    mtp_rows(g, mtp_pos, hidden, next, n, logits, all_logits, out_hidden, NULL, NULL, 0);
+}
+
+extern "C" void gpu_mtp_forward_keep(GpuModel *g, int mtp_pos, const float *hidden, const int *next, int n, float *logits,
+                                     int all_logits, float *out_hidden, MtpSelection *keep) {
+    mtp_rows(g, mtp_pos, hidden, next, n, logits, all_logits, out_hidden, keep, NULL, 0);
+}
+
+extern "C" void gpu_mtp_draft_shared(GpuModel *g, int mtp_pos, const float *h, int next, float *logits, float *out_hidden,
+                                     const int *sel, int n_sel) {
+    if (n_sel < 1 || n_sel > g->c.index_topk) glm_fatal("gpu_mtp_draft_shared: %d selected rows (1..%d)", n_sel, g->c.index_topk);
+    mtp_rows(g, mtp_pos, h, &next, 1, logits, 0, out_hidden, NULL, sel, n_sel);
 }
 
 /* Samples from the last token's logits of the latest gpu_forward; u is uniform in

@@ -46,7 +46,20 @@
  * step here: the few-token products convert each weight to bf16 instead of streaming it,
  * every token brings its own experts, and every row goes through the lm_head; a draft
  * step pays the whole lm_head, a large share of a 2-layer model's step.)
- * GPU: the GPU path has no MTP layer or verify pass, so 0. */
+ * GPU: the steps run on the device through the session (session_forward_hidden,
+ * session_mtp_forward_hidden, session_mtp_draft_shared), but every step copies its rows of
+ * logits back (spec.c samples on the host) and r(N), c are not measured there yet (glm
+ * bench skips drafting with --gpu), so 0 until they are.
+ *
+ * With --gpu: positions stay the host's (kv->pos, kv->mtp_pos, passed to every gpu_* call),
+ * so a rollback is the same assignment as on the CPU; the device's main, MTP and indexer
+ * rows follow the CPU's visibility rule (k_topk: row t sees keys below pos0 + t + 1, and a
+ * chunk's keys are written before they are scored or attended), so rows past a position
+ * are rewritten before any query reads them. A draft step >= 1 with index sharing takes
+ * its selection from the host (glm.c mtp_shared_selection, from step 0's selection the
+ * device copied back) and runs the MTP layer without its indexer, as on the CPU. The verify
+ * pass's N + 1 rows of logits and each draft's logits come back to the host, where
+ * acceptance and sampling (sampler_probs) run; a plain step (N = 0) samples on the device. */
 enum { SPEC_DEFAULT_CPU = 0, SPEC_DEFAULT_GPU = 0 };
 
 /* GLM_DRAFT_ORACLE=id,id,... (a test hook): the draft for position p is the p-th id
@@ -81,10 +94,6 @@ static int drafts_possible(const Session *S, int asked) {
         if (asked > 0) fprintf(stderr, "glm: --draft %d: %s has no MTP layer (%s); decoding without drafts\n", asked, S->model.ck.dir, why);
         return 0;
     }
-    if (S->gpu) {
-        if (asked > 0) fprintf(stderr, "glm: --draft %d: the MTP layer runs on the CPU only; decoding on the GPU without drafts\n", asked);
-        return 0;
-    }
     return n;
 }
 
@@ -117,8 +126,8 @@ static void catch_up(Speculator *sp, Session *S, int rows, float *logits, float 
     const Model *m = &S->model;
     const size_t H = (size_t)m->cfg.hidden;
     KVCache *kv = &S->kv;
-    mtp_forward_hidden(m, kv, &S->state, sp->pend, sp->tok + kv->mtp_pos + 1, rows, logits, 0, out_hidden,
-                       m->cfg.index_share_mtp ? &sp->step0 : NULL);
+    session_mtp_forward_hidden(S, sp->pend, sp->tok + kv->mtp_pos + 1, rows, logits, 0, out_hidden,
+                               m->cfg.index_share_mtp ? &sp->step0 : NULL);
     sp->n_pend -= rows;
     memmove(sp->pend, sp->pend + (size_t)rows * H, (size_t)sp->n_pend * H * sizeof(float));
 }
@@ -148,7 +157,7 @@ void spec_prefill(Speculator *sp, Session *S, const int *ids, int n, float *logi
      * their MTP rows (the token after each is known) */
     while (kv->pos < n) {
         const int B = n - kv->pos < S->state.cap ? n - kv->pos : S->state.cap;
-        forward_hidden(m, kv, &S->state, ids + kv->pos, B, kv->pos + B == n ? logits : NULL, 0, sp->pend + (size_t)sp->n_pend * H);
+        session_forward_hidden(S, ids + kv->pos, B, kv->pos + B == n ? logits : NULL, 0, sp->pend + (size_t)sp->n_pend * H);
         sp->n_pend += B;
         catch_up(sp, S, sp->n_pend - 1, NULL, NULL);
     }
@@ -172,8 +181,8 @@ static void draft(Speculator *sp, Session *S, Sampler *smp, int N) {
     sp->draft[0] = draft_token(sp, smp, sp->q, V, P + 1);
     for (int j = 1; j < N; j++) {
         float *q = sp->q + (size_t)j * V;
-        if (m->cfg.index_share_mtp) mtp_draft_shared(m, &S->kv, &S->state, sp->g, sp->draft[j - 1], q, sp->g, &sp->step0);
-        else mtp_forward_hidden(m, &S->kv, &S->state, sp->g, &sp->draft[j - 1], 1, q, 0, sp->g, NULL);
+        if (m->cfg.index_share_mtp) session_mtp_draft_shared(S, sp->g, sp->draft[j - 1], q, sp->g, &sp->step0);
+        else session_mtp_forward_hidden(S, sp->g, &sp->draft[j - 1], 1, q, 0, sp->g, NULL);
         sp->draft[j] = draft_token(sp, smp, q, V, P + 1 + j);
     }
 }
@@ -223,7 +232,7 @@ int spec_step(Speculator *sp, Session *S, Sampler *smp, int x, int max_new, floa
     sp->tok[P] = x;
     if (N == 0) { /* a plain step, its hidden state pending like any other */
         catch_up(sp, S, sp->n_pend, NULL, NULL);
-        forward_hidden(m, kv, &S->state, &x, 1, logits, 0, sp->pend);
+        session_forward_hidden(S, &x, 1, logits, 0, sp->pend);
         sp->n_pend = 1;
         out[0] = session_sample(S, smp, logits);
         return 1;
@@ -231,7 +240,7 @@ int spec_step(Speculator *sp, Session *S, Sampler *smp, int x, int max_new, floa
     draft(sp, S, smp, N);
     int seq[GLM_MAX_DRAFT + 1] = {x};
     memcpy(seq + 1, sp->draft, (size_t)N * sizeof(int));
-    forward_hidden(m, kv, &S->state, seq, N + 1, sp->vlogits, 1, sp->pend); /* the pending list is empty after step 0 */
+    session_forward_hidden(S, seq, N + 1, sp->vlogits, 1, sp->pend); /* the pending list is empty after step 0 */
     int y, k = accept(sp, smp, N, P, V, &y);
     kv->pos = P + k + 1;           /* x and the accepted drafts */
     kv->mtp_pos = P;               /* the draft rows go; catch-up redoes them from the main model's h */

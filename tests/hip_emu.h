@@ -112,6 +112,14 @@ inline thread_local uint64_t emu_slot[2][1024]; /* shuffle exchange, one slot pe
 #define blockDim emu_block_dim
 #define gridDim emu_grid_dim
 
+inline thread_local int emu_device = 0;
+/* Work queued on a device and not yet known to be finished by the host: a launch, an
+ * async copy or a memset marks its device; hipDeviceSynchronize, hipStreamSynchronize
+ * and a blocking hipMemcpy (ordered after the device's earlier work) clear it. ROCm's
+ * hipMemcpyPeer does not wait for work still queued on the destination device, so a
+ * peer copy into a device with unfinished work is a race on real hardware: abort. */
+inline int emu_pending[64];
+
 [[noreturn]] inline void emu_die(const char *msg) {
     fflush(stdout);
     fprintf(stderr, "glm: error: GPU emulation: %s\n", msg);
@@ -344,6 +352,7 @@ inline void emu_run(dim3 grid, dim3 block, size_t shmem, const std::function<voi
             p.threads.back().detach();
         }
     }
+    emu_pending[emu_device & 63] = 1;
     EmuFiber *saved = emu_cur;
     p.body = &body;
     p.grid = grid;
@@ -409,7 +418,6 @@ struct EmuDevices {
     std::mutex mu;
 };
 inline EmuDevices emu_dev;
-inline thread_local int emu_device = 0;
 inline hipError_t emu_last_error = hipSuccess;
 
 static void emu_dev_init() {
@@ -480,15 +488,22 @@ inline hipError_t hipFree(void *p) {
 }
 inline hipError_t hipHostMalloc(void **p, size_t n, unsigned = 0) { *p = malloc(n ? n : 1); return *p ? hipSuccess : hipErrorOutOfMemory; }
 inline hipError_t hipHostFree(void *p) { free(p); return hipSuccess; }
-inline hipError_t hipMemcpy(void *d, const void *s, size_t n, hipMemcpyKind) { if (n) memmove(d, s, n); return hipSuccess; }
-inline hipError_t hipMemcpyAsync(void *d, const void *s, size_t n, hipMemcpyKind k, hipStream_t = nullptr) { return hipMemcpy(d, s, n, k); }
-inline hipError_t hipMemcpyPeer(void *d, int, const void *s, int, size_t n) { if (n) memmove(d, s, n); return hipSuccess; }
-inline hipError_t hipMemset(void *d, int v, size_t n) { memset(d, v, n); return hipSuccess; }
-inline hipError_t hipMemsetAsync(void *d, int v, size_t n, hipStream_t = nullptr) { memset(d, v, n); return hipSuccess; }
-inline hipError_t hipDeviceSynchronize() { return hipSuccess; }
+inline hipError_t hipMemcpy(void *d, const void *s, size_t n, hipMemcpyKind) { if (n) memmove(d, s, n); emu_pending[emu_device & 63] = 0; return hipSuccess; }
+inline hipError_t hipMemcpyAsync(void *d, const void *s, size_t n, hipMemcpyKind, hipStream_t = nullptr) { if (n) memmove(d, s, n); emu_pending[emu_device & 63] = 1; return hipSuccess; }
+inline hipError_t hipMemcpyPeer(void *d, int dd, const void *s, int, size_t n) {
+    if (emu_pending[dd & 63])
+        emu_die("hipMemcpyPeer into a device that still has unfinished work (kernels queued, not synchronized): "
+                "ROCm's peer copy does not wait for the destination, so it can overwrite buffers those kernels "
+                "still read; synchronize the destination device first");
+    if (n) memmove(d, s, n);
+    return hipSuccess;
+}
+inline hipError_t hipMemset(void *d, int v, size_t n) { memset(d, v, n); emu_pending[emu_device & 63] = 1; return hipSuccess; }
+inline hipError_t hipMemsetAsync(void *d, int v, size_t n, hipStream_t = nullptr) { memset(d, v, n); emu_pending[emu_device & 63] = 1; return hipSuccess; }
+inline hipError_t hipDeviceSynchronize() { emu_pending[emu_device & 63] = 0; return hipSuccess; }
 inline hipError_t hipStreamCreate(hipStream_t *s) { *s = nullptr; return hipSuccess; }
 inline hipError_t hipStreamDestroy(hipStream_t) { return hipSuccess; }
-inline hipError_t hipStreamSynchronize(hipStream_t) { return hipSuccess; }
+inline hipError_t hipStreamSynchronize(hipStream_t) { emu_pending[emu_device & 63] = 0; return hipSuccess; }
 static double emu_now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 inline hipError_t hipEventCreate(hipEvent_t *e) { *e = new EmuEvent{0}; return hipSuccess; }
 inline hipError_t hipEventDestroy(hipEvent_t e) { delete e; return hipSuccess; }

@@ -10,6 +10,8 @@
 #     prefill and --decode, both widths; with --gpus 2 it sits on the last device and its
 #     logits are bit-identical to --gpus 1;
 #   - layers split over 2 and 3 virtual GPUs give bit-identical logits to 1;
+#   - run --gpu --draft N (the MTP layer drafts on the device, the verify pass checks) prints
+#     --draft 0's and the CPU's tokens, greedy, with GLM_DRAFT_ORACLE, on --gpus 2, sampled;
 #   - run --gpu (sampling on the device) prints the CPU's tokens; the plan refuses a
 #     model that does not fit; the CPU build refuses --gpu in one line;
 #   - the compile checks for real GPUs, and that the GPU builds follow their target:
@@ -128,6 +130,13 @@ done
 "$CPU" logits --mtp -m "$d" --ids "$LONG" --ctx 100 -o "$d/cpu_mtp_long.bin" 2>/dev/null
 ./glm_emu32 logits --mtp --gpus 2 -m "$d" --ids "$LONG" --ctx 100 -o "$d/gpu_mtp_long.bin" 2>/dev/null || bad "glm_emu32 70-token MTP prefill" "failed"
 compare "MTP layer mixed wave 32, 70 tokens in two chunks on 2 GPUs vs CPU" "$d/cpu_mtp_long.bin" "$d/gpu_mtp_long.bin" "$V"
+# run (only the last token's logits, so no copy back synchronizes device 1 between chunks):
+# the next chunk's hand-over must wait for device 1's queued work before its peer copy
+# (ROCm's hipMemcpyPeer does not; the emulator aborts on a peer copy into a busy device)
+a=$("$CPU" run -m "$d" --ids "$LONG" --ctx 100 -n 4 --temp 0 2>/dev/null)
+b=$(./glm_emu32 run --gpus 2 -m "$d" --ids "$LONG" --ctx 100 -n 4 --temp 0 2>"$OUT/err_long_run")
+if [ -n "$a" ] && [ "$a" = "$b" ]; then ok "run --gpus 2, 70-token prompt in two chunks: same tokens as the CPU ($a)"
+else bad "run --gpus 2, 70-token prompt" "CPU '$a' vs GPU '$b': $(tail -n 1 "$OUT/err_long_run")"; fi
 
 # --- several GPUs: the layer split must not change a bit -------------------------------------------
 for m in mixed ngroup; do
@@ -154,6 +163,43 @@ for args in "--temp 0" "--temp 1 --top-p 0.9 --seed 7" "--temp 0.8 --top-p 1 --s
     b=$(./glm_emu32 run --gpu -m "$d" --ids 5,6,7 -n 10 $args 2>/dev/null)
     if [ -n "$a" ] && [ "$a" = "$b" ]; then ok "run --gpu $args: same tokens as the CPU ($a)"
     else bad "run --gpu $args" "CPU '$a' vs GPU '$b'"; fi
+done
+
+# --- glm run --gpu --draft N: speculative decoding with the MTP layer on the device -------------------
+# greedy --draft 1 and 3 give --draft 0's tokens and the CPU's --draft N tokens and acceptance counts;
+# GLM_DRAFT_ORACLE (the drafts are that output itself) accepts every draft, so verify and rollback run
+# with long accepted prefixes; the MTP layer on device 1 of --gpus 2 too. The tiny checkpoints have
+# index_share_for_mtp_iteration: draft steps >= 1 take the host's selection (gpu_mtp_draft_shared).
+drafts() { grep -o -- "--draft [0-9]*: [0-9]* of [0-9]* drafts accepted" "$1"; }
+for m in fp8 bf16; do
+    d=$OUT/$m; P=5,6,7
+    g0=$("$CPU" run -m "$d" --ids $P -n 24 --temp 0 --draft 0 2>/dev/null)
+    oracle="$P,$(echo $g0 | tr ' ' ',')"
+    for N in 1 3; do
+        c=$("$CPU" run -m "$d" --ids $P -n 24 --temp 0 --draft $N 2>"$OUT/spec_cpu.err")
+        runs="glm_emu64 --gpu"; [ $m = fp8 ] && runs="$runs|glm_emu32 --gpu|glm_emu32 --gpus 2"
+        IFS='|' read -ra runs <<<"$runs"
+        for run in "${runs[@]}"; do
+            bin=${run%% *}; flags=${run#* }
+            a=$(./$bin run $flags -m "$d" --ids $P -n 24 --temp 0 --draft $N 2>"$OUT/spec_gpu.err")
+            if [ -n "$a" ] && [ "$a" = "$g0" ] && [ "$a" = "$c" ] && [ "$(drafts "$OUT/spec_gpu.err")" = "$(drafts "$OUT/spec_cpu.err")" ]; then
+                ok "run $flags --draft $N $m ($bin): --draft 0's tokens, the CPU's $(drafts "$OUT/spec_gpu.err" | cut -d: -f2)"
+            else bad "run $flags --draft $N $m ($bin)" "--draft 0 '$g0', CPU '$c' ($(drafts "$OUT/spec_cpu.err")), GPU '$a' ($(drafts "$OUT/spec_gpu.err"); $(tail -n 1 "$OUT/spec_gpu.err"))"; fi
+            a=$(GLM_DRAFT_ORACLE=$oracle ./$bin run $flags -m "$d" --ids $P -n 24 --temp 0 --draft $N 2>"$OUT/spec_gpu.err")
+            acc=$(drafts "$OUT/spec_gpu.err" | sed 's/.*: \([0-9]*\) of \([0-9]*\) .*/\1 \2/')
+            if [ -n "$a" ] && [ "$a" = "$g0" ] && [ -n "$acc" ] && [ "${acc% *}" = "${acc#* }" ] && [ "${acc#* }" -gt 0 ]; then
+                ok "run $flags --draft $N $m ($bin) with GLM_DRAFT_ORACLE: every draft accepted (${acc% *}), --draft 0's tokens"
+            else bad "run $flags --draft $N $m ($bin) with GLM_DRAFT_ORACLE" "want '$g0', got '$a' ($(drafts "$OUT/spec_gpu.err"); $(tail -n 1 "$OUT/spec_gpu.err"))"; fi
+        done
+    done
+done
+# temperature > 0: p and q come back to the host (spec.c samples there): the same tokens as the CPU
+d=$OUT/fp8
+for args in "--temp 1 --top-p 0.9 --seed 7" "--temp 0.8 --top-p 1 --seed 3"; do
+    a=$("$CPU" run -m "$d" --ids 5,6,7 -n 16 --draft 2 $args 2>/dev/null)
+    b=$(./glm_emu32 run --gpu -m "$d" --ids 5,6,7 -n 16 --draft 2 $args 2>/dev/null)
+    if [ -n "$a" ] && [ "$a" = "$b" ]; then ok "run --gpu --draft 2 $args: same tokens as the CPU"
+    else bad "run --gpu --draft 2 $args" "CPU '$a' vs GPU '$b'"; fi
 done
 
 # --- errors -----------------------------------------------------------------------------------------

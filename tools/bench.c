@@ -428,7 +428,7 @@ static void print_spec_json(const SpecCost *sc) {
 
 /* The drafting lines of the table. */
 static void print_spec_table(const SpecCost *sc, int P) {
-    if (!sc->measured) { printf("  drafts    not measured (--gpu: the GPU path runs no verify pass or MTP layer; or --ctx too short)\n"); return; }
+    if (!sc->measured) { printf("  drafts    not measured (--gpu: drafting is not timed on the GPU yet; or --ctx too short)\n"); return; }
     printf("  drafts    at context %d, in decode steps (%.1f ms; median of %d rounds, [fastest, slowest]):\n", P, sc->decode_s * 1e3, SPEC_RUNS);
     printf("            verify r(N), a pass over N+1 tokens:");
     for (int N = 1; N <= SPEC_MAX_N; N++) printf("  N=%d %.2f [%.2f, %.2f]", N, sc->r[N], sc->r_lo[N], sc->r_hi[N]);

@@ -214,13 +214,15 @@ static int cmp_int(const void *a, const void *b) { return *(const int *)a - *(co
 static void test_topk(void) {
     const int cases[][2] = {{20, 8}, {300, 8}, {1000, 64}, {5000, 2048}, {700, 699}};
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++)
-        for (int kind = 0; kind < 3; kind++) {
+        for (int kind = 0; kind < 5; kind++) {
             int n = cases[ci][0], k = cases[ci][1];
             float *s = xmalloc((size_t)n * 4);
             for (int i = 0; i < n; i++) {
                 float v = rndn();
                 if (kind == 1) v = (float)((int)(v * 3)) / 3.0f;          /* few distinct values */
                 if (kind == 2) v = rnd32() % 3 == 0 ? v : (rnd32() & 1 ? 0.0f : -0.0f); /* ReLU zeros */
+                if (kind == 3 && (i == 0 || rnd32() % 3 == 0)) v = NAN;   /* some NaN: they rank last */
+                if (kind == 4) v = NAN;                                   /* all NaN: the first k */
                 s[i] = v;
             }
             int *ref = xmalloc((size_t)k * 4), *got = xmalloc((size_t)k * 4);
@@ -231,8 +233,12 @@ static void test_topk(void) {
             for (int i = 1; i < k; i++) sorted_ok &= got[i - 1] < got[i];
             qsort(got, (size_t)k, sizeof(int), cmp_int);
             char name[64];
-            snprintf(name, sizeof name, "topk n=%d k=%d %s", n, k, kind == 0 ? "distinct" : kind == 1 ? "ties" : "zeros");
-            report(sorted_ok && !memcmp(ref, got, (size_t)k * 4), name, sorted_ok ? "kept set differs from topk_select" : "not in index order");
+            const char *kn[] = {"distinct", "ties", "zeros", "some NaN", "all NaN"};
+            snprintf(name, sizeof name, "topk n=%d k=%d %s", n, k, kn[kind]);
+            int range_ok = 1;
+            for (int i = 0; i < k; i++) range_ok &= got[i] >= 0 && got[i] < n;
+            report(range_ok && sorted_ok && !memcmp(ref, got, (size_t)k * 4), name,
+                   !range_ok ? "index out of range" : sorted_ok ? "kept set differs from topk_select" : "not in index order");
             free(s); free(ref); free(got);
         }
 }
@@ -270,6 +276,59 @@ static void test_moe_route(void) {
             else report(werr <= 1e-6 * g_tol, name, "weights rel err %.3g", werr);
             free(lg); free(bias); free(w); free(idx);
         }
+}
+
+/* NaN router logits (all of a row, some, the first ones): every chosen index in
+ * [0, E), distinct, sorted, the same set as moe_route (NaN ranks last); weights equal
+ * where they are numbers. */
+static void test_moe_route_nan(void) {
+    const int cfgs[][4] = {{8, 2, 1, 1}, {16, 3, 4, 2}, {256, 8, 8, 4}}; /* E, A, groups, topk_group */
+    for (size_t ci = 0; ci < sizeof cfgs / sizeof cfgs[0]; ci++) {
+        Config c;
+        memset(&c, 0, sizeof c);
+        c.n_experts = cfgs[ci][0]; c.n_active = cfgs[ci][1]; c.n_group = cfgs[ci][2]; c.topk_group = cfgs[ci][3];
+        c.norm_topk_prob = 1; c.routed_scale = 2.5f;
+        const int n = 5, E = c.n_experts, A = c.n_active;
+        float *lg = xmalloc((size_t)n * E * 4), *bias = xmalloc((size_t)E * 4), *w = xmalloc((size_t)n * A * 4), rw[64];
+        int *idx = xmalloc((size_t)n * A * 4), ri[64], ok = 1;
+        fill_n(lg, (size_t)n * E, 2.0f);
+        fill_n(bias, E, 0.1f);
+        for (int e = 0; e < E; e++) {
+            lg[0 * E + e] = NAN;                               /* row 0: all NaN */
+            if (e % 3 == 1) lg[1 * E + e] = NAN;               /* row 1: a third NaN */
+            if (e < E - A + 1) lg[2 * E + e] = NAN;            /* row 2: fewer numbers than A */
+            if (e < 2) lg[3 * E + e] = NAN;                    /* row 3: the first ones NaN */
+        }
+        gpuk_moe_route(idx, w, &c, lg, bias, n);
+        const char *why = "";
+        for (int t = 0; t < n && ok; t++) {
+            moe_route(&c, lg + (size_t)t * E, bias, ri, rw);
+            for (int a = 0; a < A; a++) if (idx[t * A + a] < 0 || idx[t * A + a] >= E) { ok = 0; why = "expert index out of range"; }
+            for (int a = 1; a < A && ok; a++) if (idx[t * A + a - 1] >= idx[t * A + a]) { ok = 0; why = "not distinct and sorted"; }
+            for (int a = 0; a < A && ok; a++) {
+                int found = -1;
+                for (int b = 0; b < A; b++) if (idx[t * A + b] == ri[a]) found = b;
+                if (found < 0) { ok = 0; why = "chosen experts differ from moe_route"; break; }
+                float x = w[t * A + found], y = rw[a];
+                if ((x != x) != (y != y) || (y == y && fabsf(x - y) > 1e-5f * fabsf(y) * (float)g_tol)) { ok = 0; why = "weights differ"; }
+            }
+        }
+        char name[64];
+        snprintf(name, sizeof name, "moe_route NaN logits E=%d A=%d groups %d/%d", E, A, c.topk_group, c.n_group);
+        report(ok, name, "%s", why);
+        free(lg); free(bias); free(w); free(idx);
+    }
+    /* greedy sampling: glm.c's argmax (a NaN first logit wins; other NaNs never do) */
+    const int V = 300;
+    float *lg = xmalloc((size_t)V * 4);
+    int ok = 1;
+    for (int kind = 0; kind < 3; kind++) {
+        fill_n(lg, V, 1.0f);
+        for (int i = 0; i < V; i++) if (kind == 0 || (kind == 1 && i % 2 == 1) || (kind == 2 && i == 0)) lg[i] = NAN;
+        ok &= gpuk_sample(lg, V, 0.0f, 1.0f, 0.5f) == argmax(lg, V);
+    }
+    report(ok, "sample greedy with NaN logits", "differs from argmax");
+    free(lg);
 }
 
 static void test_silu_mul(void) {
@@ -454,6 +513,7 @@ int main(int argc, char **argv) {
     test_norms_rope();
     test_topk();
     test_moe_route();
+    test_moe_route_nan();
     test_silu_mul();
     test_sample();
     for (int i = 1; i < argc; i++) test_blocks(argv[i]);

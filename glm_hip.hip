@@ -20,7 +20,9 @@
  * device memory and are decoded in registers (weight-only quantization, as on the CPU).
  *
  * Several GPUs: the decoder layers are split into contiguous ranges, one per device;
- * each device holds its layers' weights and KV cache plus its own scratch. The
+ * each device holds its layers' weights and KV cache plus its own scratch, in one
+ * allocation per layer (weights and cache rows) and one each for the embedding, lm_head,
+ * the MTP layer and the scratch, never one allocation for a device's whole share. The
  * residual stream (and the indexer selection, which IndexShare carries from layer to
  * layer) is copied to the next device at a range boundary. Device 0 also holds the
  * embedding, the last device the final norm and lm_head, and the MTP layer (if the
@@ -870,8 +872,10 @@ struct GLayer {          /* a Layer whose matrices and vectors live on its devic
 
 struct GDev {            /* one device: its layer range, weights, cache and a RunState's worth of scratch */
     int id, l0, l1;
-    Arena weights, scratch;
-    size_t kv_bytes;
+    Arena scratch;
+    size_t wbytes, kv_bytes;
+    void **allocs;       /* this device's allocations (one per layer, the embedding, lm_head, the MTP layer, scratch), freed by gpu_free */
+    int n_allocs, cap_allocs;
     float *rope;         /* [T][DR] cos, sin pairs */
     float *x, *a, *cq, *q, *ckv, *q_abs, *o_lat, *o_heads, *out, *ix_scores, *att_scores, *ix_q, *ix_k, *ix_w;
     float *router, *route_scr, *ex_w, *h1, *h2, *eh1, *eh2, *ex_y, *logits, *prob;
@@ -1078,6 +1082,44 @@ static void rope_table(const Config *c, int T, float *out) { /* out: [T][qk_rope
     for (int p = 0; p < T; p++) rope_angles(out + (size_t)p * c->qk_rope, c->qk_rope, p, c->rope_theta);
 }
 
+/* One device allocation of `bytes` for `what` (a layer, the embedding, ...), kept on D's list.
+ * A failure is one error line naming the device, the piece and the bytes. */
+static Arena dev_alloc(GDev *D, size_t bytes, const char *what) {
+    Arena A = {NULL, 0, bytes};
+    if (D->n_allocs == D->cap_allocs) {
+        int cap = D->cap_allocs ? 2 * D->cap_allocs : 16;
+        void **p = (void **)realloc(D->allocs, (size_t)cap * sizeof(void *));
+        if (!p) glm_fatal("out of memory");
+        D->allocs = p;
+        D->cap_allocs = cap;
+    }
+    void *base = NULL;
+    hipError_t e = hipMalloc(&base, bytes ? bytes : 1);
+    if (e != hipSuccess || !base) {
+        (void)hipGetLastError(); /* clear the sticky error */
+        glm_fatal("GPU %d: cannot allocate %zu bytes (%.3f GB) for %s: %s", D->id, bytes, bytes / 1e9, what,
+                  e != hipSuccess ? hipGetErrorString(e) : "no memory returned");
+    }
+    D->allocs[D->n_allocs++] = base;
+    A.base = (char *)base;
+    return A;
+}
+
+/* Places (or, with a counting arena, measures) one decoder layer's weights and its KV cache rows:
+ * a layer lives in one allocation. */
+static void up_layer_kv(GpuModel *g, Arena *A, GLayer *G, const Layer *L, int dense) {
+    const Config *c = &g->c;
+    up_layer(g, A, G, L, dense);
+    G->latent = (float *)arena_take(A, (size_t)g->ctx * (c->kv_lora_rank + c->qk_rope) * sizeof(float));
+    G->index_k = G->has_indexer ? (float *)arena_take(A, (size_t)g->ctx * c->index_head_dim * sizeof(float)) : NULL;
+}
+
+static void zero_kv(GpuModel *g, const GLayer *G) {
+    const Config *c = &g->c;
+    CHECK(hipMemset(G->latent, 0, (size_t)g->ctx * (c->kv_lora_rank + c->qk_rope) * sizeof(float)));
+    if (G->index_k) CHECK(hipMemset(G->index_k, 0, (size_t)g->ctx * c->index_head_dim * sizeof(float)));
+}
+
 extern "C" GpuModel *gpu_load(const Model *m, int n_gpus, int ctx) {
     int count = 0;
     hipError_t e = hipGetDeviceCount(&count);
@@ -1096,28 +1138,31 @@ extern "C" GpuModel *gpu_load(const Model *m, int n_gpus, int ctx) {
     g->layers = (GLayer *)calloc((size_t)c->n_layers, sizeof(GLayer));
     if (!g->layers) glm_fatal("out of memory");
 
-    /* measure: every piece through a counting arena */
+    /* measure: every piece through a counting arena (a layer: its weights and its KV cache rows) */
     size_t *lb = (size_t *)calloc((size_t)c->n_layers, sizeof(size_t));
+    if (!lb) glm_fatal("out of memory");
     for (int l = 0; l < c->n_layers; l++) {
         Arena A = {NULL, 0, 0};
         GLayer tmp;
         memset(&tmp, 0, sizeof tmp);
-        up_layer(g, &A, &tmp, &m->layers[l], c->dense[l]);
-        lb[l] = A.used + layer_kv_bytes(c, c->full_index[l], ctx);
+        up_layer_kv(g, &A, &tmp, &m->layers[l], c->dense[l]);
+        lb[l] = A.used;
     }
     Arena H = {NULL, 0, 0}, Tl = {NULL, 0, 0};
     up_mat(g, &H, &m->embed);
     up_mat(g, &Tl, &m->lm_head);
     up_vec(g, &Tl, m->final_norm, c->hidden);
-    Arena M = {NULL, 0, 0}; /* the MTP layer, if any: on the last device with lm_head, which it uses */
+    Arena M = {NULL, 0, 0}; /* the MTP layer, if any: on the last device with lm_head, which it uses; its cache rows in its allocation */
     size_t mtp_kv = 0;
     if (m->mtp) {
         GMtp tmp;
         memset(&tmp, 0, sizeof tmp);
         up_mtp(g, &M, &tmp, m->mtp);
         mtp_kv = layer_kv_bytes(c, m->mtp->layer.has_indexer, ctx);
+        arena_take(&M, (size_t)ctx * (c->kv_lora_rank + c->qk_rope) * sizeof(float));
+        if (tmp.layer.has_indexer) arena_take(&M, (size_t)ctx * c->index_head_dim * sizeof(float));
     }
-    plan_split(g, lb, H.used, Tl.used + M.used + mtp_kv);
+    plan_split(g, lb, H.used, Tl.used + M.used);
 
     /* the plan: bytes per device, checked against what each device has free */
     fprintf(stderr, "glm: gpu plan: %d layers on %d device(s), context %d tokens\n", c->n_layers, n_gpus, ctx);
@@ -1125,19 +1170,19 @@ extern "C" GpuModel *gpu_load(const Model *m, int n_gpus, int ctx) {
     for (int d = 0; d < n_gpus; d++) {
         GDev *D = &g->dev[d];
         D->id = d;
-        size_t wbytes = d == 0 ? H.used + 256 : 0, kv = 0;
-        if (d == n_gpus - 1) wbytes += Tl.used + 256;
-        if (d == n_gpus - 1 && m->mtp) { wbytes += M.used + 256; kv += mtp_kv + 256; }
+        size_t wbytes = d == 0 ? H.used : 0, kv = 0;
+        if (d == n_gpus - 1) wbytes += Tl.used;
+        if (d == n_gpus - 1 && m->mtp) { wbytes += M.used - mtp_kv; kv += mtp_kv; }
         for (int l = D->l0; l < D->l1; l++) {
-            wbytes += lb[l] - layer_kv_bytes(c, c->full_index[l], ctx) + 256;
-            kv += layer_kv_bytes(c, c->full_index[l], ctx) + 256;
+            wbytes += lb[l] - layer_kv_bytes(c, c->full_index[l], ctx);
+            kv += layer_kv_bytes(c, c->full_index[l], ctx);
         }
-        D->weights.size = wbytes;
+        D->wbytes = wbytes;
         D->kv_bytes = kv;
         D->scratch.base = NULL;
         D->scratch.used = 0;
         take_scratch(g, D, d == n_gpus - 1);
-        D->scratch.size = D->scratch.used + 256;
+        D->scratch.size = D->scratch.used;
         size_t need = wbytes + kv + D->scratch.size, free_b = 0, total_b = 0;
         CHECK(hipSetDevice(d));
         CHECK(hipMemGetInfo(&free_b, &total_b));
@@ -1152,11 +1197,12 @@ extern "C" GpuModel *gpu_load(const Model *m, int n_gpus, int ctx) {
                 d == n_gpus - 1 && m->mtp ? " + MTP layer" : "", wbytes / 1e9, kv / 1e9,
                 D->scratch.size / 1e9, need / 1e9, free_b / 1e9, ok ? "" : "  <-- does not fit");
     }
-    free(lb);
     if (!fits)
         glm_fatal("--gpus %d: the model does not fit in GPU memory (see the plan above); use more GPUs (--gpus N) or a smaller --ctx", n_gpus);
 
-    /* allocate and upload */
+    /* allocate and upload: one allocation per layer (its weights and cache rows), the embedding,
+     * lm_head with the final norm, the MTP layer with its cache rows, and the scratch, so that no
+     * single allocation has to find one free range for a whole device's share */
     g->upload_total = m->weight_bytes + (m->mtp ? m->mtp->bytes : 0);
     g->upload_t0 = now_s();
     float *rt = (float *)malloc((size_t)ctx * c->qk_rope * sizeof(float));
@@ -1165,38 +1211,40 @@ extern "C" GpuModel *gpu_load(const Model *m, int n_gpus, int ctx) {
     for (int d = 0; d < n_gpus; d++) {
         GDev *D = &g->dev[d];
         CHECK(hipSetDevice(d));
-        CHECK(hipMalloc((void **)&D->weights.base, D->weights.size));
-        D->weights.used = 0;
-        void *kvbase;
-        CHECK(hipMalloc(&kvbase, D->kv_bytes ? D->kv_bytes : 1));
-        Arena KV = {(char *)kvbase, 0, D->kv_bytes};
-        CHECK(hipMalloc((void **)&D->scratch.base, D->scratch.size));
-        D->scratch.used = 0;
-        take_scratch(g, D, d == n_gpus - 1);
-        CHECK(hipMemcpy(D->rope, rt, (size_t)ctx * c->qk_rope * sizeof(float), hipMemcpyHostToDevice));
-        if (d == 0) g->embed = up_mat(g, &D->weights, &m->embed);
+        if (d == 0) {
+            Arena A = dev_alloc(D, H.used, "embedding");
+            g->embed = up_mat(g, &A, &m->embed);
+        }
         for (int l = D->l0; l < D->l1; l++) {
+            char what[32];
+            snprintf(what, sizeof what, "layer %d", l);
+            Arena A = dev_alloc(D, lb[l], what);
             GLayer *G = &g->layers[l];
-            up_layer(g, &D->weights, G, &m->layers[l], c->dense[l]);
-            G->latent = (float *)arena_take(&KV, (size_t)ctx * (c->kv_lora_rank + c->qk_rope) * sizeof(float));
-            if (G->has_indexer) G->index_k = (float *)arena_take(&KV, (size_t)ctx * c->index_head_dim * sizeof(float));
+            up_layer_kv(g, &A, G, &m->layers[l], c->dense[l]);
+            zero_kv(g, G);
         }
         if (d == n_gpus - 1) {
-            g->lm_head = up_mat(g, &D->weights, &m->lm_head);
-            g->final_norm = up_vec(g, &D->weights, m->final_norm, c->hidden);
-            if (m->mtp) { /* its cache rows after the main layers' (glm.c: latent row n_layers, indexer slot n_index_layers) */
+            Arena A = dev_alloc(D, Tl.used, "lm_head");
+            g->lm_head = up_mat(g, &A, &m->lm_head);
+            g->final_norm = up_vec(g, &A, m->final_norm, c->hidden);
+            if (m->mtp) { /* its own cache rows (glm.c: latent row n_layers, indexer slot n_index_layers) */
                 g->mtp = (GMtp *)calloc(1, sizeof(GMtp));
                 if (!g->mtp) glm_fatal("out of memory");
                 GLayer *G = &g->mtp->layer;
-                up_mtp(g, &D->weights, g->mtp, m->mtp);
+                Arena MA = dev_alloc(D, M.used, "MTP layer");
+                up_mtp(g, &MA, g->mtp, m->mtp);
                 G->dev = d;
-                G->latent = (float *)arena_take(&KV, (size_t)ctx * (c->kv_lora_rank + c->qk_rope) * sizeof(float));
-                if (G->has_indexer) G->index_k = (float *)arena_take(&KV, (size_t)ctx * c->index_head_dim * sizeof(float));
+                G->latent = (float *)arena_take(&MA, (size_t)ctx * (c->kv_lora_rank + c->qk_rope) * sizeof(float));
+                G->index_k = G->has_indexer ? (float *)arena_take(&MA, (size_t)ctx * c->index_head_dim * sizeof(float)) : NULL;
+                zero_kv(g, G);
             }
         }
-        CHECK(hipMemset(kvbase, 0, D->kv_bytes ? D->kv_bytes : 1));
+        D->scratch = dev_alloc(D, D->scratch.size, "scratch");
+        take_scratch(g, D, d == n_gpus - 1);
+        CHECK(hipMemcpy(D->rope, rt, (size_t)ctx * c->qk_rope * sizeof(float), hipMemcpyHostToDevice));
     }
     free(rt);
+    free(lb);
     g->upload_done = g->upload_total;
     progress("gpu: uploading weights", g->upload_done, g->upload_total, g->upload_t0);
     CHECK(hipSetDevice(0));
@@ -1206,14 +1254,13 @@ extern "C" GpuModel *gpu_load(const Model *m, int n_gpus, int ctx) {
 extern "C" void gpu_free(GpuModel *g) {
     if (!g) return;
     for (int d = 0; d < g->n_dev; d++) {
+        GDev *D = &g->dev[d];
         CHECK(hipSetDevice(d));
-        dfree(g->dev[d].weights.base);
-        dfree(g->dev[d].scratch.base);
+        for (int i = 0; i < D->n_allocs; i++) dfree(D->allocs[i]);
+        free(D->allocs);
     }
-    for (int l = 0; l < g->c.n_layers; l++) /* the KV arena of a device starts at its first layer's cache */
-        if (l == 0 || g->layers[l].dev != g->layers[l - 1].dev) { CHECK(hipSetDevice(g->layers[l].dev)); dfree(g->layers[l].latent); }
     free(g->layers);
-    free(g->mtp); /* its memory lies in the last device's arenas */
+    free(g->mtp); /* its memory is one of the last device's allocations */
     free(g);
 }
 

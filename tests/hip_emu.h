@@ -26,6 +26,8 @@
  *   - launch limits are checked (at most 1024 threads per block, grid y/z <= 65535).
  *   - device memory is host memory, counted per virtual device against
  *     GLM_EMU_DEVICE_MEM bytes (default 16 GiB) so "does not fit" can be tested;
+ *     a hipMalloc larger than GLM_EMU_MAX_ALLOC bytes (default: no limit) fails with
+ *     hipErrorOutOfMemory, as on a device whose free memory is fragmented;
  *     GLM_EMU_DEVICES virtual devices (default 4) are visible.
  *
  * Fibers switch with a few lines of assembly on x86-64 (a swapcontext() costs a
@@ -413,6 +415,7 @@ typedef struct {
 struct EmuDevices {
     int n = -1;
     size_t cap = 0;
+    size_t max_alloc = (size_t)-1; /* GLM_EMU_MAX_ALLOC: the largest one hipMalloc (fragmented memory) */
     size_t used[64] = {0};
     std::unordered_map<void *, std::pair<size_t, int>> allocs;
     std::mutex mu;
@@ -427,6 +430,8 @@ static void emu_dev_init() {
     if (emu_dev.n < 0) emu_dev.n = 0;
     if (emu_dev.n > 64) emu_dev.n = 64;
     emu_dev.cap = m ? (size_t)strtoull(m, nullptr, 10) : ((size_t)16 << 30);
+    const char *x = getenv("GLM_EMU_MAX_ALLOC");
+    if (x && *x) emu_dev.max_alloc = (size_t)strtoull(x, nullptr, 10);
 }
 
 inline const char *hipGetErrorString(hipError_t e) {
@@ -466,7 +471,7 @@ inline hipError_t hipMemGetInfo(size_t *free_b, size_t *total) {
 inline hipError_t hipMalloc(void **p, size_t n) {
     emu_dev_init();
     std::lock_guard<std::mutex> lk(emu_dev.mu);
-    if (n > emu_dev.cap - emu_dev.used[emu_device]) { *p = nullptr; return hipErrorOutOfMemory; }
+    if (n > emu_dev.cap - emu_dev.used[emu_device] || n > emu_dev.max_alloc) { *p = nullptr; return hipErrorOutOfMemory; }
     void *q = nullptr;
     if (posix_memalign(&q, 256, n ? n : 1)) return hipErrorOutOfMemory;
     memset(q, 0xA5, n); /* device memory starts as garbage, not zeros */

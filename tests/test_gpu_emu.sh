@@ -14,6 +14,8 @@
 #     --draft 0's and the CPU's tokens, greedy, with GLM_DRAFT_ORACLE, on --gpus 2, sampled;
 #   - run --gpu (sampling on the device) prints the CPU's tokens; the plan refuses a
 #     model that does not fit; the CPU build refuses --gpu in one line;
+#   - weights are allocated per layer: with GLM_EMU_MAX_ALLOC below a device's weights but
+#     above every layer it loads with the same logits; below a layer, one error line names it;
 #   - the compile checks for real GPUs, and that the GPU builds follow their target:
 #     other flags or another GPU_ARCH recompile, each target in its own build/ folder, and
 #     ./glm_hip / ./glm_cuda are not created (tests/gpu_compile_check.sh).
@@ -217,6 +219,26 @@ else bad "--gpu without a GPU" "rc $rc: $(cat "$OUT/err3")"; fi
 "$CPU" logits --gpu -m "$d" --ids 1,2 -o "$OUT/x.bin" >/dev/null 2>"$OUT/err4"; rc=$?
 if [ $rc -eq 1 ] && [ "$(wc -l <"$OUT/err4")" -eq 1 ] && grep -q "built without GPU support" "$OUT/err4"; then ok "CPU build refuses --gpu in one line"
 else bad "CPU build --gpu" "rc $rc: $(cat "$OUT/err4")"; fi
+
+# --- one allocation per layer: fragmented device memory (GLM_EMU_MAX_ALLOC: the largest one hipMalloc) ---
+# (a) every layer (weights + its cache rows), the embedding, lm_head, the MTP layer and the scratch fit
+# under the limit, the device's weights together do not: it loads, and the logits are those without the limit;
+# (b) a limit below one layer: one error line naming the device, that layer and its bytes, exit 1.
+d=$OUT/mixed; LIM=1000000
+for flag in "" --mtp; do
+    ./glm_emu64 logits $flag --gpu --ctx 64 -m "$d" --ids $IDS -o "$OUT/alloc_ref.bin" 2>/dev/null || bad "logits $flag --ctx 64 without GLM_EMU_MAX_ALLOC" "failed"
+    if GLM_EMU_MAX_ALLOC=$LIM ./glm_emu64 logits $flag --gpu --ctx 64 -m "$d" --ids $IDS -o "$OUT/alloc_lim.bin" 2>"$OUT/err_alloc"; then
+        wgb=$(sed -n 's/^  device 0 .*: weights \([0-9.]*\) GB .*/\1/p' "$OUT/err_alloc")
+        if ! $PY -c "import sys; sys.exit(0 if float(sys.argv[1]) * 1e9 > $LIM else 1)" "${wgb:-0}"; then bad "GLM_EMU_MAX_ALLOC=$LIM logits $flag" "the device's weights (${wgb:-?} GB) fit one allocation: no test"
+        elif ! cmp -s "$OUT/alloc_ref.bin" "$OUT/alloc_lim.bin"; then bad "GLM_EMU_MAX_ALLOC=$LIM logits $flag" "logits differ from those without the limit"
+        else ok "GLM_EMU_MAX_ALLOC=$LIM (weights $wgb GB on the device) logits${flag:+ $flag}: loads per layer, logits identical to no limit"; fi
+    else bad "GLM_EMU_MAX_ALLOC=$LIM logits $flag" "$(tail -n 2 "$OUT/err_alloc" | tr '\n' ' ')"; fi
+done
+GLM_EMU_MAX_ALLOC=200000 ./glm_emu64 logits --gpu --ctx 64 -m "$d" --ids 1,2 -o "$OUT/x.bin" >/dev/null 2>"$OUT/err_alloc"; rc=$?
+if [ $rc -eq 1 ] && [ "$(grep -c 'glm: error:' "$OUT/err_alloc")" -eq 1 ] && grep -q '^  device 0 ' "$OUT/err_alloc" \
+    && tail -n 1 "$OUT/err_alloc" | grep -q '^glm: error: GPU 0: cannot allocate [0-9]* bytes (.*) for layer 2: ' && [ ! -e "$OUT/x.bin" ]; then
+    ok "GLM_EMU_MAX_ALLOC below a layer: the plan, then one error line naming the device, layer 2 and the bytes, exit 1"
+else bad "GLM_EMU_MAX_ALLOC below a layer" "rc $rc: $(grep -v '^  device' "$OUT/err_alloc" | tail -n 2 | tr '\n' ' ')"; fi
 
 # --- compile checks for the real targets -------------------------------------------------------------
 # (not repeated in the sanitizer pass of make test-asan: they do not involve the CPU build)

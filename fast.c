@@ -608,7 +608,7 @@ static void fast_moe_experts(const Model *m, const Layer *L, RunState *s, const 
     matvec_jobs(job, 2 * J, g_pool_xs, XS_COLS, 1);
     for (int k = 0; k < J; k++) {
         float *h1 = s->h1 + k * slot, *h2 = s->h2 + k * slot;
-        for (int i = 0; i < job[2 * k].nr; i++) h1[i] = h1[i] / (1.0f + expf(-h1[i])) * h2[i]; /* SiLU(gate) · up */
+        swiglu_act(h1, h2, 1, job[2 * k].nr);
         const Mat *down = k < A ? &L->ex_down[s->ex_idx[k]] : &L->sh_down;
         job[k] = (Matvec){down, 0, down->rows, h1, k < A ? s->ex_y + (size_t)k * H : y};
     }

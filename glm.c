@@ -350,7 +350,7 @@ static void attention(const Model *m, const Layer *L, KVCache *kv, RunState *s, 
 /* 5. the MLP and the MoE                                                   */
 
 /* h_gate = SiLU(h_gate) ⊙ h_up in place, for n rows of width F (on all threads for a prompt). */
-static void swiglu_act(float *h_gate, const float *h_up, int n, int F) {
+void swiglu_act(float *h_gate, const float *h_up, int n, int F) {
 #pragma omp parallel for if (n > 1)
     for (int t = 0; t < n; t++)
         for (int i = 0; i < F; i++) h_gate[(size_t)t * F + i] = silu(h_gate[(size_t)t * F + i]) * h_up[(size_t)t * F + i];

@@ -290,6 +290,8 @@ void index_scores(const Config *c, const float *q, const float *w, const float *
 void mla_attend_absorbed(const Model *m, const Layer *L, const KVCache *kv, RunState *s, int layer, int n, int pos0);
 void moe_experts(const Model *m, const Layer *L, RunState *s, const float *x, float *y, int n);
 void softmax(float *x, int n);
+/* h_gate = SiLU(h_gate) ⊙ h_up for n rows of width F (the SwiGLU activation) */
+void swiglu_act(float *h_gate, const float *h_up, int n, int F);
 /* RoPE (§3.2): cs[2i], cs[2i+1] = cos, sin of pos·theta^(-2i/dims), i < dims/2 (the GPU
  * path builds its table of positions from it) */
 void rope_angles(float *cs, int dims, int pos, double theta);

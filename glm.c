@@ -317,21 +317,45 @@ void mla_attend_absorbed(const Model *m, const Layer *L, const KVCache *kv, RunS
     mla_unabsorb(c, L, s, n);
 }
 
-/* One attention block for the chunk (§3.3): the projections, the new tokens' latent
- * rows into the cache, the indexer ("full" layers) or the previous layer's selection
- * ("shared" layers, IndexShare §3.6), attention, o_proj. Reads s->a, writes s->out.
- * `layer` is the layer's latent row of the cache (n_layers for the MTP layer), pos0 the
- * position of the chunk's first token (the MTP layer counts its own, kv->mtp_pos). */
-static void attention(const Model *m, const Layer *L, KVCache *kv, RunState *s, int layer, int n, int pos0) {
+/* The rows of a chunk that belong to one sequence: rows start..start+n-1, at positions
+ * pos0.. of its cache kv. A prompt's chunk is one span; a batch of several sequences
+ * (glm serve) is one span per sequence. Everything but attention treats the chunk's
+ * rows alike; attention reads and writes each span's own cache. */
+typedef struct {
+    KVCache *kv;
+    int start, n, pos0;
+} Span;
+
+/* s seen from row `start` on: the per-token arrays advanced by start rows (the scratch
+ * is shared), so that a span runs through code written for a chunk starting at row 0. */
+static RunState rows_from(const RunState *s, const Config *c, int start) {
+    RunState v = *s;
+    const size_t t = (size_t)start, AD = (size_t)c->kv_lora_rank + c->qk_rope;
+    v.x += t * c->hidden; v.a += t * c->hidden; v.out += t * c->hidden;
+    v.cq += t * c->q_lora_rank;
+    v.q += t * c->n_heads * (c->qk_nope + c->qk_rope);
+    v.ckv += t * AD;
+    v.q_abs += t * c->n_heads * AD;
+    v.o_lat += t * c->n_heads * c->kv_lora_rank;
+    v.o_heads += t * c->n_heads * c->v_head;
+    v.ix_q += t * c->index_n_heads * c->index_head_dim;
+    v.ix_k += t * c->index_head_dim;
+    v.ix_w += t * c->index_n_heads;
+    v.sel += t * c->index_topk;
+    v.n_sel += t;
+    v.router += t * c->n_experts;
+    v.ex_idx += t * c->n_active;
+    v.ex_w += t * c->n_active;
+    return v;
+}
+
+/* One span's part of attention: q_pe and the new latent rows get RoPE at their
+ * positions, the rows join the cache, then the indexer ("full" layers) or the previous
+ * layer's selection ("shared" layers, IndexShare §3.6), and attention over the
+ * selected rows. s is the span's view (rows_from). */
+static void attend_span(const Model *m, const Layer *L, KVCache *kv, RunState *s, int layer, int n, int pos0) {
     const Config *c = &m->cfg;
-    const int NH = c->n_heads, DN = c->qk_nope, DR = c->qk_rope, KR = c->kv_lora_rank, AD = KR + DR, QR = c->q_lora_rank;
-    const int ix = L->has_indexer; /* a full layer's indexer takes its projections from the same inputs */
-    const Product from_a[4] = {{s->cq, s->a, &L->q_a}, {s->ckv, s->a, &L->kv_a}, {s->ix_k, s->a, &L->ix_wk}, {s->ix_w, s->a, &L->ix_weights}};
-    ops.matmul_group(from_a, ix ? 4 : 2, n);
-    for (int t = 0; t < n; t++) /* eps 1e-6 for the q/kv latent norms (pitfall 4) */
-        rmsnorm(s->cq + (size_t)t * QR, s->cq + (size_t)t * QR, L->q_a_norm, QR, 1e-6f);
-    const Product from_cq[2] = {{s->q, s->cq, &L->q_b}, {s->ix_q, s->cq, &L->ix_wq_b}};
-    ops.matmul_group(from_cq, ix ? 2 : 1, n);
+    const int NH = c->n_heads, DN = c->qk_nope, DR = c->qk_rope, KR = c->kv_lora_rank, AD = KR + DR;
     float cs[DR];
     for (int t = 0; t < n; t++) {
         rope_angles(cs, DR, pos0 + t, c->rope_theta);
@@ -341,9 +365,28 @@ static void attention(const Model *m, const Layer *L, KVCache *kv, RunState *s, 
         memcpy(row + KR, s->ckv + (size_t)t * AD + KR, (size_t)DR * sizeof(float));
         rope(row + KR, DR, cs);
     }
-    if (ix) indexer(m, L, kv, s, n, pos0); /* a shared layer keeps s->sel */
+    if (L->has_indexer) indexer(m, L, kv, s, n, pos0); /* a shared layer keeps s->sel */
     ops.mla_attend(m, L, kv, s, layer, n, pos0);
-    ops.matmul(s->out, s->o_heads, &L->o, n);
+}
+
+/* One attention block for the chunk's B rows (§3.3): the projections, each span's
+ * cache rows and attention, o_proj. Reads s->a, writes s->out. `layer` is the layer's
+ * latent row of the cache (n_layers for the MTP layer). */
+static void attention(const Model *m, const Layer *L, RunState *s, int layer, const Span *span, int n_span, int B) {
+    const Config *c = &m->cfg;
+    const int QR = c->q_lora_rank;
+    const int ix = L->has_indexer; /* a full layer's indexer takes its projections from the same inputs */
+    const Product from_a[4] = {{s->cq, s->a, &L->q_a}, {s->ckv, s->a, &L->kv_a}, {s->ix_k, s->a, &L->ix_wk}, {s->ix_w, s->a, &L->ix_weights}};
+    ops.matmul_group(from_a, ix ? 4 : 2, B);
+    for (int t = 0; t < B; t++) /* eps 1e-6 for the q/kv latent norms (pitfall 4) */
+        rmsnorm(s->cq + (size_t)t * QR, s->cq + (size_t)t * QR, L->q_a_norm, QR, 1e-6f);
+    const Product from_cq[2] = {{s->q, s->cq, &L->q_b}, {s->ix_q, s->cq, &L->ix_wq_b}};
+    ops.matmul_group(from_cq, ix ? 2 : 1, B);
+    for (int i = 0; i < n_span; i++) {
+        RunState v = rows_from(s, c, span[i].start);
+        attend_span(m, L, span[i].kv, &v, layer, span[i].n, span[i].pos0);
+    }
+    ops.matmul(s->out, s->o_heads, &L->o, B);
 }
 
 /* ======================================================================== */
@@ -443,15 +486,15 @@ static void add_rows(float *x, const float *out, int B, int H) { /* the residual
     for (int t = 0; t < B; t++) axpy(x + (size_t)t * H, 1.0f, out + (size_t)t * H, H);
 }
 
-/* One decoder layer L on the chunk's B tokens at positions pos0..: pre-norm attention
- * and pre-norm MLP (dense layers) or MoE, each added to the residual stream s->x. The
- * layer comes as (L, l), not as an index into m->layers, so that the MTP layer (l =
- * n_layers, its latent row of the cache) runs through the same code. */
-static void layer_forward(const Model *m, const Layer *L, int l, KVCache *kv, RunState *s, int B, int pos0) {
+/* One decoder layer L on the chunk's B rows (its spans): pre-norm attention and pre-norm
+ * MLP (dense layers) or MoE, each added to the residual stream s->x. The layer comes as
+ * (L, l), not as an index into m->layers, so that the MTP layer (l = n_layers, its
+ * latent row of the cache) runs through the same code. */
+static void layer_forward(const Model *m, const Layer *L, int l, RunState *s, const Span *span, int n_span, int B) {
     const Config *c = &m->cfg;
     const int H = c->hidden;
     rmsnorm_rows(s->a, s->x, L->input_norm, B, H, c->rms_eps);
-    attention(m, L, kv, s, l, B, pos0);
+    attention(m, L, s, l, span, n_span, B);
     add_rows(s->x, s->out, B, H);
     rmsnorm_rows(s->a, s->x, L->post_norm, B, H, c->rms_eps);
     if (L->dense) swiglu(s->out, s->a, &L->gate, &L->up, &L->down, s->h1, s->h2, B);
@@ -484,9 +527,10 @@ void forward_hidden(const Model *m, KVCache *kv, RunState *s, const int *tokens,
     const Config *c = &m->cfg;
     const int H = c->hidden;
     for (int start = 0; start < n; start += s->cap) {
-        const int B = n - start < s->cap ? n - start : s->cap, pos0 = kv->pos;
+        const int B = n - start < s->cap ? n - start : s->cap;
+        const Span one = {kv, 0, B, kv->pos};
         for (int t = 0; t < B; t++) mat_dequant_row(&m->embed, tokens[start + t], s->x + (size_t)t * H);
-        for (int l = 0; l < c->n_layers; l++) layer_forward(m, &m->layers[l], l, kv, s, B, pos0);
+        for (int l = 0; l < c->n_layers; l++) layer_forward(m, &m->layers[l], l, s, &one, 1, B);
         kv->pos += B;
         head(m, m->final_norm, s, start, B, n, logits, all_logits, hidden);
     }
@@ -495,6 +539,29 @@ void forward_hidden(const Model *m, KVCache *kv, RunState *s, const int *tokens,
 /* Every caller but the MTP path wants the logits only. */
 void forward(const Model *m, KVCache *kv, RunState *s, const int *tokens, int n, float *logits, int all_logits) {
     forward_hidden(m, kv, s, tokens, n, logits, all_logits, NULL);
+}
+
+/* Several sequences in one chunk (continuous batching): their rows side by side, so
+ * each weight is read once for all of them, and each span attends over its own cache.
+ * Every row's arithmetic is what it would be alone: the products, norms and experts
+ * treat rows independently, and attention is per span. */
+void forward_batch(const Model *m, RunState *s, const SeqTokens *seq, int n_seq, float *logits) {
+    const Config *c = &m->cfg;
+    const int H = c->hidden;
+    Span span[n_seq];
+    int B = 0;
+    for (int i = 0; i < n_seq; i++) {
+        span[i] = (Span){seq[i].kv, B, seq[i].n, seq[i].kv->pos};
+        for (int t = 0; t < seq[i].n; t++) mat_dequant_row(&m->embed, seq[i].tokens[t], s->x + (size_t)(B + t) * H);
+        B += seq[i].n;
+    }
+    if (B > s->cap) glm_fatal("forward_batch: %d rows for a chunk of %d", B, s->cap);
+    for (int l = 0; l < c->n_layers; l++) layer_forward(m, &m->layers[l], l, s, span, n_seq, B);
+    for (int i = 0; i < n_seq; i++) { /* each sequence's last row -> row i of s->a -> logits row i */
+        seq[i].kv->pos += seq[i].n;
+        rmsnorm(s->a + (size_t)i * H, s->x + (size_t)(span[i].start + span[i].n - 1) * H, m->final_norm, H, c->rms_eps);
+    }
+    ops.matmul(logits, s->a, &m->lm_head, n_seq);
 }
 
 /* ======================================================================== */
@@ -538,8 +605,9 @@ static void mtp_input(const Model *m, RunState *s, const float *h, const int *ne
 static void mtp_chunk(const Model *m, const Layer *L, KVCache *kv, RunState *s, const float *h, const int *next, int start,
                       int B, int n, float *logits, int all_logits, float *out_hidden) {
     const int H = m->cfg.hidden;
+    const Span one = {kv, 0, B, kv->mtp_pos};
     mtp_input(m, s, h, next, B);
-    layer_forward(m, L, m->cfg.n_layers, kv, s, B, kv->mtp_pos);
+    layer_forward(m, L, m->cfg.n_layers, s, &one, 1, B);
     kv->mtp_pos += B;
     head(m, m->mtp->head_norm, s, start, B, n, logits, all_logits, NULL);
     if (out_hidden && start + B == n) rmsnorm(out_hidden, s->x + (size_t)(B - 1) * H, m->mtp->head_norm, H, m->cfg.rms_eps);

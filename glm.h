@@ -306,6 +306,17 @@ size_t kvcache_bytes(const Model *m, int ctx);
 /* Runs tokens[0..n) at positions kv->pos.. and appends them to the cache. Writes
  * logits [n][V] if all_logits, else only the last token's [V] (logits may be NULL). */
 void forward(const Model *m, KVCache *kv, RunState *s, const int *tokens, int n, float *logits, int all_logits);
+/* One sequence's part of a forward_batch: n >= 1 tokens appended to its cache at kv->pos. */
+typedef struct {
+    KVCache *kv;
+    const int *tokens;
+    int n;
+} SeqTokens;
+/* forward() for n_seq sequences at once (glm serve's continuous batching): all their
+ * tokens together are one chunk (at most s->cap rows), each sequence attends over its
+ * own cache, and logits [n_seq][V] gets each sequence's last token's logits. A row's
+ * arithmetic does not depend on the rows beside it. */
+void forward_batch(const Model *m, RunState *s, const SeqTokens *seq, int n_seq, float *logits);
 /* forward() that also writes hidden [n][H] (if not NULL): each token's final-normed
  * hidden state, the lm_head's input and the MTP layer's h_t (§5.1) */
 void forward_hidden(const Model *m, KVCache *kv, RunState *s, const int *tokens, int n, float *logits, int all_logits,

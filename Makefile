@@ -3,15 +3,17 @@ CC      ?= cc
 CFLAGS  ?= -O2
 WARN     = -std=c11 -Wall -Wextra
 OMP     ?= -fopenmp
-SRC      = cli.c glm.c spec.c model.c fast.c simd.c tokenizer.c json.c tools/bench.c tools/synth.c tools/convert.c
-HDR      = glm.h json.h tokenizer.h tokenizer_unicode.h
+LIBS     = -lm -pthread
+SRC      = cli.c glm.c spec.c serve.c model.c fast.c simd.c tokenizer.c json.c http.c tools/bench.c tools/synth.c tools/convert.c \
+           tools/loadgen.c
+HDR      = glm.h json.h tokenizer.h tokenizer_unicode.h http.h
 
 glm: $(SRC) $(HDR)
-	$(CC) $(WARN) $(CFLAGS) $(OMP) -o $@ $(SRC) -lm
+	$(CC) $(WARN) $(CFLAGS) $(OMP) -o $@ $(SRC) $(LIBS)
 
 # The same program under AddressSanitizer + UndefinedBehaviorSanitizer.
 glm_asan: $(SRC) $(HDR)
-	$(CC) $(WARN) -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined $(OMP) -o $@ $(SRC) -lm
+	$(CC) $(WARN) -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined $(OMP) -o $@ $(SRC) $(LIBS)
 
 test: glm
 	./test.sh
@@ -149,7 +151,8 @@ emu: glm_emu$(WARP)
 FUZZCC    ?= $(shell command -v clang-14 >/dev/null 2>&1 && echo clang-14 || echo clang)
 FUZZFLAGS  = -std=c11 -Wall -Wextra -g -O1 -fno-omit-frame-pointer -fsanitize=fuzzer,address,undefined \
              -fno-sanitize-recover=undefined -DJSON_FIRST_BLOCK=4096
-FUZZ_BINS  = fuzz/bin/fuzz_json fuzz/bin/fuzz_checkpoint fuzz/bin/fuzz_tokenizer_load fuzz/bin/fuzz_encode fuzz/bin/fuzz_chat
+FUZZ_BINS  = fuzz/bin/fuzz_json fuzz/bin/fuzz_checkpoint fuzz/bin/fuzz_tokenizer_load fuzz/bin/fuzz_encode fuzz/bin/fuzz_chat fuzz/bin/fuzz_http \
+             fuzz/bin/fuzz_request
 
 fuzz: $(FUZZ_BINS)
 
@@ -159,7 +162,7 @@ fuzz/bin/fuzz_json: fuzz/fuzz_json.c json.c json.h
 
 fuzz/bin/fuzz_checkpoint: fuzz/fuzz_checkpoint.c $(SRC) $(HDR)
 	@mkdir -p fuzz/bin
-	$(FUZZCC) $(FUZZFLAGS) -Dmain=glm_cli_main -o $@ fuzz/fuzz_checkpoint.c $(SRC) -lm
+	$(FUZZCC) $(FUZZFLAGS) -Dmain=glm_cli_main -o $@ fuzz/fuzz_checkpoint.c $(SRC) $(LIBS)
 
 fuzz/bin/fuzz_tokenizer_load: fuzz/fuzz_tokenizer_load.c tokenizer.c json.c tokenizer.h tokenizer_unicode.h json.h
 	@mkdir -p fuzz/bin
@@ -173,6 +176,15 @@ fuzz/bin/fuzz_encode: fuzz/fuzz_encode.c tokenizer.c json.c tokenizer.h tokenize
 	@mkdir -p fuzz/bin
 	$(FUZZCC) $(FUZZFLAGS) -o $@ fuzz/fuzz_encode.c tokenizer.c json.c
 
+fuzz/bin/fuzz_http: fuzz/fuzz_http.c http.c json.c http.h json.h
+	@mkdir -p fuzz/bin
+	$(FUZZCC) $(FUZZFLAGS) -o $@ fuzz/fuzz_http.c http.c json.c
+
+# serve.c's request parsing and responses; the target includes serve.c whole (its functions are static)
+fuzz/bin/fuzz_request: fuzz/fuzz_request.c $(SRC) $(HDR) | build/tokenizer.json
+	@mkdir -p fuzz/bin
+	$(FUZZCC) $(FUZZFLAGS) -Dmain=glm_cli_main -o $@ fuzz/fuzz_request.c $(filter-out serve.c,$(SRC)) $(LIBS)
+
 clean:
 	rm -f glm glm_asan glm_hip glm_cuda glm_emu glm_emu32 glm_emu64
 	rm -rf build/gpu build/hip build/cuda build/hip-* build/cuda-* build/emu32 build/emu64 build/emu.flags build/gpu_ktest* build/compile_check
@@ -185,4 +197,17 @@ bench: glm
 	test -f $(BENCH_DIR)/config.json || ./glm synth $(BENCH_DIR) --layers 2 --experts 64
 	./glm bench -m $(BENCH_DIR)
 
-.PHONY: test test-asan clean demo bench fuzz hip cuda emu deps
+# glm serve under load (glm loadgen, tools/loadgen.c): 8 clients, prompts sharing a 60% prefix,
+# then one client alone (no shared prefix) for the single-stream speed to compare with.
+bench-serve: glm
+	test -f $(BENCH_DIR)/config.json || ./glm synth $(BENCH_DIR) --layers 2 --experts 64
+	./glm serve -m $(BENCH_DIR) --port 8091 --parallel 8 & pid=$$!; trap 'kill $$pid 2>/dev/null' EXIT; \
+	up=0; for i in $$(seq 120); do curl -sf http://127.0.0.1:8091/health >/dev/null && { up=1; break; }; \
+	    kill -0 $$pid 2>/dev/null || break; sleep 1; done; \
+	[ $$up = 1 ] || { echo "make bench-serve: glm serve exited, or did not answer GET /health within 120 s"; exit 1; }; \
+	rc=0; ./glm loadgen http://127.0.0.1:8091 --input 2000 --output 100 --shared 0.6 --concurrency 8 --requests 32 || rc=1; \
+	echo "make bench-serve: one client alone, for the ratio:"; \
+	./glm loadgen http://127.0.0.1:8091 --input 2000 --output 100 --shared 0 --concurrency 1 --requests 4 || rc=1; \
+	exit $$rc
+
+.PHONY: test test-asan clean demo bench bench-serve fuzz hip cuda emu deps

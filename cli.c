@@ -5,6 +5,8 @@
  *   glm logits   -m DIR --ids 1,2,3 -o FILE       float32 logits for scripts and tests
  *   glm compare  -m A -m B (-p TEXT | --ids ...)  two checkpoints on the same tokens
  *   glm bench    -m DIR                           speed against this machine (tools/bench.c)
+ *   glm serve    -m DIR                           an OpenAI-compatible server (serve.c)
+ *   glm loadgen  URL                              load on any OpenAI-compatible server (tools/loadgen.c)
  *   glm tokenize, glm synth, glm convert          tokenizer.c, tools/synth.c, tools/convert.c
  *
  * This file knows flags, text and files; the model is glm.c's (Session, forward,
@@ -127,6 +129,8 @@ static void usage(FILE *f) {
                "  tokenize  text to token ids and back\n"
                "  compare   two checkpoints on the same tokens (KL, top-1, perplexity)\n"
                "  bench     speed against this machine's bandwidth and FMA peak\n"
+               "  serve     an OpenAI-compatible HTTP server (continuous batching, prefix cache)\n"
+               "  loadgen   load on an OpenAI-compatible server; throughput and latency percentiles\n"
                "  synth     write a random checkpoint (the demo and benchmark models)\n"
                "  convert   a BF16 or FP8 checkpoint to Quark MXFP4\n"
                "  --version\n");
@@ -697,6 +701,8 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "tokenize")) return tokenize_main(argc - 1, argv + 1);
     if (!strcmp(cmd, "synth")) return synth_main(argc - 1, argv + 1);
     if (!strcmp(cmd, "convert")) return convert_main(argc - 1, argv + 1);
+    if (!strcmp(cmd, "serve")) return serve_main(argc - 1, argv + 1);
+    if (!strcmp(cmd, "loadgen")) return loadgen_main(argc - 1, argv + 1);
     static int (*const run[])(const Args *) = {cmd_run, cmd_chat, cmd_logits, cmd_compare, cmd_bench};
     for (int c = 0; c < (int)(sizeof COMMANDS / sizeof COMMANDS[0]); c++) {
         if (strcmp(cmd, COMMANDS[c].name)) continue;

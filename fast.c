@@ -31,7 +31,8 @@
 #endif
 
 #define PANEL_KC 512          /* columns of a panel chunk: 32 rows x 512 stay in L1/L2 with the tokens' slice */
-#define ROWS_MAX_TOKENS 64    /* up to this many tokens a bf16 product skips the panel (gemm_rows_bf16) */
+#define MATVEC_MAX_TOKENS 16  /* up to this many tokens a bf16 product streams the rows once for all (matvec_bf16_n) */
+#define ROWS_MAX_TOKENS 64    /* up to this many a bf16 product skips the panel (gemm_rows_bf16) */
 #define ATTN_HEAD_BLOCK 32    /* heads that share one pass over the selected cache rows */
 #define KEY_BLOCK 128         /* cached rows per attention GEMM call: a block of keys */
 
@@ -60,6 +61,7 @@ static float *g_panel;            /* [g_threads][g_panel_stride] a 32-row k-majo
 static size_t g_panel_stride;     /* max(65 * g_scratch_cols, PANEL_KC * 32 + PREFILL_CHUNK * 32) floats */
 static uint16_t *g_x_bf16;        /* [cap][g_scratch_cols + 64] activations rounded to bf16 */
 static float *g_pool_xs;          /* [max(2(n_active+1), 4)][XS_COLS] decode: each product's x as its kernel reads it */
+static float *g_tokens_xs;        /* [g_threads][MATVEC_MAX_TOKENS][XS_COLS] a few tokens' x as their kernels read it */
 static float *g_uv_xs;            /* [NH][XS_FOR(KR)] decode: each head's o_lat as W_UV's kernel reads it */
 static float *g_scores;           /* [g_threads][ATTN_HEAD_BLOCK][PROBS_STRIDE(T)] attention scores of a head block */
 static uint16_t *g_lat_bf16;      /* [T][KR+DR] the layer's cached latents rounded to bf16, or NULL */
@@ -232,6 +234,29 @@ static void gemm_bf16_panels(float *y, int ldy, const Mat *W, int r0, int nr, in
     }
 }
 
+/* A few tokens (the sequences of a serve batch, a draft being checked, an expert's share
+ * of them): every row streams from memory once and serves all tokens (matvec_bf16_n), in
+ * runs over the threads as in matvec_jobs. Each token's x is laid out and rounded once. A
+ * token's results are bit for bit those of its one-token product: a batch changes no bit
+ * of a sequence's decode (glm serve's batch invariance). */
+static void matvec_tokens(float *y, int ldy, const float *x, int ldx, const Mat *W, int r0, int nr, int n, int parallel) {
+    const int np = (W->cols + 127) & ~127;
+    uint16_t *xb = (uint16_t *)(g_tokens_xs + (size_t)thread_id() * MATVEC_MAX_TOKENS * XS_COLS);
+    float *layout = g_x_split + (size_t)thread_id() * XS_COLS;
+    for (int t = 0; t < n; t++) {
+        matvec_order_bf16(W, x + (size_t)t * ldx, layout);
+        kernels.round_bf16(layout, np, xb + (size_t)t * XS_COLS, np);
+    }
+    const int threads = parallel ? g_threads : 1;
+    double run = (double)W->bytes * nr / W->rows / (8.0 * threads); /* ~8 runs per thread, 256 KB .. 1 MB each */
+    run = run < RUN_TAIL ? RUN_TAIL : run > RUN_MIN ? RUN_MIN : run;
+    int rows = (int)(run / ((double)W->bytes / W->rows));
+    rows = rows < 1 ? 1 : rows;
+#pragma omp parallel for schedule(dynamic, 1) if (parallel)
+    for (int lo = 0; lo < nr; lo += rows)
+        kernels.matvec_bf16_n(W, r0 + lo, nr - lo < rows ? nr - lo : rows, xb, XS_COLS, n, y + lo, (size_t)ldy);
+}
+
 /* y[t*ldy + i] = Σ_k x[t*ldx + k] · W[r0+i][k] for rows i in [0, nr), tokens t in [0, n). */
 static void matmul_rows(float *y, int ldy, const float *x, int ldx, const Mat *W, int r0, int nr, int n) {
     /* threads only pay off when there is real work: a tiny product runs on one */
@@ -239,6 +264,19 @@ static void matmul_rows(float *y, int ldy, const float *x, int ldx, const Mat *W
     if (n == 1) {
         Matvec job = {W, r0, nr, x, y};
         matvec_jobs(&job, 1, g_x_split + (size_t)thread_id() * XS_COLS, XS_COLS, parallel);
+        return;
+    }
+    if (n > 1 && n <= MATVEC_MAX_TOKENS && matvec_in_bf16(W) && kernels.matvec_bf16_n) {
+        matvec_tokens(y, ldy, x, ldx, W, r0, nr, n, parallel);
+        return;
+    }
+    if (n > 1 && n <= MATVEC_MAX_TOKENS && !g_act_bf16) {
+        /* fp32 products of a few tokens: one one-token product each, so that a token's
+         * sums are its decode's whatever runs beside it (glm serve's batch invariance);
+         * the rows are read once per token, which a fp32 multi-token kernel would save */
+        Matvec job[MATVEC_MAX_TOKENS];
+        for (int t = 0; t < n; t++) job[t] = (Matvec){W, r0, nr, x + (size_t)t * ldx, y + (size_t)t * ldy};
+        matvec_jobs(job, n, g_tokens_xs + (size_t)thread_id() * MATVEC_MAX_TOKENS * XS_COLS, XS_COLS, parallel);
         return;
     }
     if (n > 1 && g_act_bf16 && kernels.gemm_panel_bf16) {
@@ -614,17 +652,27 @@ static void fast_moe_experts(const Model *m, const Layer *L, RunState *s, const 
     }
     matvec_jobs(job, J, g_pool_xs, XS_COLS, 1);
     if (!c->n_shared) memset(y, 0, (size_t)H * sizeof(float));
-    for (int k = 0; k < A; k++)
+    /* added in the order of the expert ids, as moe_experts adds them for a chunk: the same
+     * sums whether the token runs alone or in a batch */
+    int order[A];
+    for (int k = 0; k < A; k++) {
+        int i = k;
+        for (; i > 0 && s->ex_idx[order[i - 1]] > s->ex_idx[k]; i--) order[i] = order[i - 1];
+        order[i] = k;
+    }
+    for (int i = 0; i < A; i++) {
+        const int k = order[i];
         for (int j = 0; j < H; j++) y[j] += s->ex_w[k] * s->ex_y[(size_t)k * H + j];
+    }
 }
 
 /* ======================================================================== */
 /* choosing the path                                                        */
 
 static void fast_release(void) {
-    void *all[] = {g_row_scratch, g_x_split, g_panel, g_x_bf16, g_pool_xs, g_uv_xs, g_scores, g_lat_bf16, g_attn_bf16};
+    void *all[] = {g_row_scratch, g_x_split, g_panel, g_x_bf16, g_pool_xs, g_tokens_xs, g_uv_xs, g_scores, g_lat_bf16, g_attn_bf16};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) free(all[i]);
-    g_row_scratch = g_x_split = g_panel = g_pool_xs = g_uv_xs = g_scores = NULL;
+    g_row_scratch = g_x_split = g_panel = g_pool_xs = g_tokens_xs = g_uv_xs = g_scores = NULL;
     g_x_bf16 = g_lat_bf16 = g_attn_bf16 = NULL;
 }
 
@@ -657,6 +705,7 @@ static void fast_prepare(const Config *c, int cap, int ctx) {
     g_panel = xcalloc((size_t)g_threads * g_panel_stride, sizeof(float));
     g_x_bf16 = xcalloc((size_t)PREFILL_CHUNK * (max_cols + 64), sizeof(uint16_t));
     g_pool_xs = xmalloc((size_t)(c->n_active + 1 > 2 ? 2 * (c->n_active + 1) : 4) * XS_COLS * sizeof(float));
+    g_tokens_xs = xmalloc((size_t)g_threads * MATVEC_MAX_TOKENS * XS_COLS * sizeof(float));
     g_uv_xs = xmalloc((size_t)c->n_heads * XS_FOR(c->kv_lora_rank) * sizeof(float));
     g_scores = xmalloc((size_t)g_threads * ATTN_HEAD_BLOCK * PROBS_STRIDE(ctx) * sizeof(float));
     if (g_act_bf16 && kernels.gemm_panel_bf16 && kernels.pack_pairs_bf16 && kernels.build_panel_bf16 && kernels.round_bf16) {

@@ -499,6 +499,10 @@ typedef struct {
     /* the same with x rounded to bf16 (vdpbf16ps); xs = x as matvec_order_bf16 lays it out;
      * not for F32; FP8 subnormals count as zero */
     void (*matvec_bf16)(const Mat *W, int r0, int nr, const float *xs, float *y);
+    /* the same for n tokens: y[t*ldy + i] = W[r0+i]·x_t, x_t = xb + t*ldx, matvec_order_bf16's
+     * layout rounded to bf16 (round_bf16) and zero to cols rounded up to 128. Token t's sums
+     * are bit for bit matvec_bf16's for x_t alone, whatever n is (glm serve's batches). */
+    void (*matvec_bf16_n)(const Mat *W, int r0, int nr, const uint16_t *xb, size_t ldx, int n, float *y, size_t ldy);
     void (*dequant_row)(const Mat *W, int r, float *out);
     /* Y[t*ldy + j] += Σ_k P[k*ldp + j]·X[t*ldx + k], j < nj <= 32, t < n, k < K: the prefill
      * product against a panel of 32 dequantized rows stored k-major (ldp = 32), also used
@@ -546,6 +550,8 @@ void kernels_init(const char *want);   /* want "c" forces the plain loops, "avx2
 /* ------------------------------------------------------------------------ */
 /* The tools, commands of the glm program (cli.c); argv[0] is the command name. */
 int synth_main(int argc, char **argv);   /* tools/synth.c */
+int serve_main(int argc, char **argv);   /* serve.c: glm serve */
+int loadgen_main(int argc, char **argv); /* tools/loadgen.c: glm loadgen */
 int convert_main(int argc, char **argv); /* tools/convert.c */
 /* glm bench's settings (cli.c parses them; -t, --fp32 and --no-mmap are applied before) */
 typedef struct {

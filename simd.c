@@ -745,69 +745,179 @@ BF16 static void round_x_bf16(const float *xs, int np, uint16_t *xb) {
     for (int p = 0; p < np; p += 16) _mm256_storeu_si256((__m256i *)(xb + p), bf16_round16(_mm512_loadu_ps(xs + p)));
 }
 
-BF16 static void matvec_bf16_avx512(const Mat *W, int r0, int nr, const float *xs, float *y) {
-    const int n = W->cols, np = (n + 127) & ~127;
-    uint16_t xbuf[np + 32]; /* x in bf16, on this thread's stack (tens of KB at most), */
-    uint16_t *xb = (uint16_t *)(((uintptr_t)xbuf + 63) & ~(uintptr_t)63); /* 64-byte aligned */
+/* One row of W against G tokens (G <= MV_GROUP), y[g*ldy] = W[r]·x_g, each x_g in bf16 as
+ * matvec_order_bf16 lays it out (xb + g*ldx, zero past the row). Every token's sums take
+ * exactly the operations, in the same order, that they take with G = 1: a token's result
+ * does not depend on the tokens beside it (glm serve's batch invariance), and the weights,
+ * unpacked once, feed all G. always_inline with G a constant at each call: the per-token
+ * arrays become registers. */
+#define MV_GROUP 4
+#define MV_ROW BF16 static inline __attribute__((always_inline)) void
+MV_ROW mv_row_bf16(const uint16_t *w, int n, const uint16_t *xb, size_t ldx, float *y, size_t ldy, const int G) {
+    __m512 a0[MV_GROUP], a1[MV_GROUP], a2[MV_GROUP], a3[MV_GROUP];
+    #pragma GCC unroll 4
+    for (int g = 0; g < G; g++) a0[g] = a1[g] = a2[g] = a3[g] = _mm512_setzero_ps();
+    int k = 0;
+    for (; k + 128 <= n; k += 128) { /* 256 bytes */
+        if (k % 2048 == 0) PREFETCH_AT(w + k, AHEAD_FAR); /* each 4 KB page of the row, its start included */
+        PREFETCH_AT(w + k, AHEAD_BF16); PREFETCH_AT(w + k + 32, AHEAD_BF16); PREFETCH_AT(w + k + 64, AHEAD_BF16); PREFETCH_AT(w + k + 96, AHEAD_BF16);
+        const __m512bh w0 = (__m512bh)_mm512_loadu_si512(w + k), w1 = (__m512bh)_mm512_loadu_si512(w + k + 32);
+        const __m512bh w2 = (__m512bh)_mm512_loadu_si512(w + k + 64), w3 = (__m512bh)_mm512_loadu_si512(w + k + 96);
+        #pragma GCC unroll 4
+        for (int g = 0; g < G; g++) {
+            const uint16_t *x = xb + g * ldx + k;
+            a0[g] = _mm512_dpbf16_ps(a0[g], w0, (__m512bh)_mm512_loadu_si512(x));
+            a1[g] = _mm512_dpbf16_ps(a1[g], w1, (__m512bh)_mm512_loadu_si512(x + 32));
+            a2[g] = _mm512_dpbf16_ps(a2[g], w2, (__m512bh)_mm512_loadu_si512(x + 64));
+            a3[g] = _mm512_dpbf16_ps(a3[g], w3, (__m512bh)_mm512_loadu_si512(x + 96));
+        }
+    }
+    for (; k < n; k += 32) { /* xb is zero past n; the mask keeps the loads inside the row */
+        __mmask32 m = n - k >= 32 ? 0xFFFFFFFFu : (__mmask32)((1u << (n - k)) - 1);
+        const __m512bh wm = (__m512bh)_mm512_maskz_loadu_epi16(m, w + k);
+        #pragma GCC unroll 4
+        for (int g = 0; g < G; g++) a0[g] = _mm512_dpbf16_ps(a0[g], wm, (__m512bh)_mm512_loadu_si512(xb + g * ldx + k));
+    }
+    #pragma GCC unroll 4
+    for (int g = 0; g < G; g++) y[g * ldy] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0[g], a1[g]), _mm512_add_ps(a2[g], a3[g])));
+}
+
+MV_ROW mv_row_fp8(const uint8_t *w, int n, const float *scale, const uint16_t *xb, size_t ldx, float *y, size_t ldy, const int G) {
+    const int nb = (n + 127) / 128;
+    const __m512i mask = _mm512_set1_epi16((short)0x87F0);
+    PREFETCH_AT(w, AHEAD_FAR);
+    __m512 t[MV_GROUP];
+    #pragma GCC unroll 4
+    for (int g = 0; g < G; g++) t[g] = _mm512_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        __m512 a0[MV_GROUP], a1[MV_GROUP];
+        #pragma GCC unroll 4
+        for (int g = 0; g < G; g++) a0[g] = a1[g] = _mm512_setzero_ps();
+        for (int k = 128 * b; k < 128 * b + 128; k += 64) {
+            __m512i words; /* word j: byte 2j low, byte 2j+1 high */
+            if (k + 64 <= n) { PREFETCH_AT(w + k, AHEAD_FP8); words = _mm512_loadu_si512(w + k); }
+            else words = _mm512_maskz_loadu_epi8(k < n ? ~0ull >> (64 - (n - k)) : 0, w + k);
+            /* the high byte in place: shift and mask; the low one moved up first */
+            const __m512bh odd = (__m512bh)_mm512_and_si512(_mm512_srai_epi16(words, 4), mask);
+            const __m512bh even = (__m512bh)_mm512_and_si512(_mm512_srai_epi16(_mm512_slli_epi16(words, 8), 4), mask);
+            #pragma GCC unroll 4
+            for (int g = 0; g < G; g++) {
+                a0[g] = _mm512_dpbf16_ps(a0[g], even, (__m512bh)_mm512_loadu_si512(xb + g * ldx + k));
+                a1[g] = _mm512_dpbf16_ps(a1[g], odd, (__m512bh)_mm512_loadu_si512(xb + g * ldx + k + 32));
+            }
+        }
+        /* one multiplier per 128x128 block, times the 2^(120-64) taken off above */
+        const __m512 sb = _mm512_set1_ps(scale[b] * 0x1p56f);
+        #pragma GCC unroll 4
+        for (int g = 0; g < G; g++) t[g] = _mm512_fmadd_ps(_mm512_add_ps(a0[g], a1[g]), sb, t[g]);
+    }
+    #pragma GCC unroll 4
+    for (int g = 0; g < G; g++) y[g * ldy] = _mm512_reduce_add_ps(t[g]);
+}
+
+MV_ROW mv_row_mxfp4(const uint8_t *w, int n, const uint8_t *sc, __m512i lut, __m512i spread, const uint16_t *xb, size_t ldx,
+                    float *y, size_t ldy, const int G) {
+    const int nb = n / 32;
+    PREFETCH_AT(w, AHEAD_FAR);
+    __m512 t[MV_GROUP];
+    #pragma GCC unroll 4
+    for (int g = 0; g < G; g++) t[g] = _mm512_setzero_ps();
+    for (int b = 0; b < nb; b += 4) { /* 64 bytes, 4 blocks */
+        __m512i words; /* word j = bytes 2j, 2j+1: columns 4j .. 4j+3, one nibble each */
+        uint32_t s4 = 0;
+        if (b + 4 <= nb) { PREFETCH_AT(w + 16 * b, AHEAD_MXFP4); words = _mm512_loadu_si512(w + 16 * b); memcpy(&s4, sc + b, 4); }
+        else { words = _mm512_maskz_loadu_epi8(~0ull >> (64 - 16 * (nb - b)), w + 16 * b); memcpy(&s4, sc + b, (size_t)(nb - b)); }
+        const __m512bh v0 = (__m512bh)_mm512_permutexvar_epi16(words, lut);
+        const __m512bh v1 = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(words, 4), lut);
+        const __m512bh v2 = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(words, 8), lut);
+        const __m512bh v3 = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(words, 12), lut);
+        /* lane l holds columns of block l/4: scale 2^(s-127) from the exponent bits (s = 0 gives 0) */
+        const __m512 s = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_shuffle_epi8(_mm512_set1_epi32((int)s4), spread), 23));
+        #pragma GCC unroll 4
+        for (int g = 0; g < G; g++) {
+            const uint16_t *x = xb + g * ldx + 32 * b;
+            __m512 a0 = _mm512_dpbf16_ps(_mm512_setzero_ps(), v0, (__m512bh)_mm512_loadu_si512(x));
+            __m512 a1 = _mm512_dpbf16_ps(_mm512_setzero_ps(), v1, (__m512bh)_mm512_loadu_si512(x + 32));
+            a0 = _mm512_dpbf16_ps(a0, v2, (__m512bh)_mm512_loadu_si512(x + 64));
+            a1 = _mm512_dpbf16_ps(a1, v3, (__m512bh)_mm512_loadu_si512(x + 96));
+            t[g] = _mm512_fmadd_ps(_mm512_add_ps(a0, a1), s, t[g]);
+        }
+    }
+    #pragma GCC unroll 4
+    for (int g = 0; g < G; g++) y[g * ldy] = _mm512_reduce_add_ps(t[g]);
+}
+
+/* mv_row_fp8 for two rows at once (r and r+1, scales s0 and s1): each x load serves both
+ * rows, halving the reads of x from L2 when several tokens' x no longer fit L1. Each
+ * (row, token) takes the same operations in the same order as in mv_row_fp8. */
+MV_ROW mv_row2_fp8(const uint8_t *w0, const uint8_t *w1, int n, const float *s0, const float *s1, const uint16_t *xb, size_t ldx,
+                   float *y, size_t ldy, const int G) {
+    const int nb = (n + 127) / 128;
+    const __m512i mask = _mm512_set1_epi16((short)0x87F0);
+    PREFETCH_AT(w0, AHEAD_FAR);
+    PREFETCH_AT(w1, AHEAD_FAR);
+    __m512 t0[MV_GROUP], t1[MV_GROUP];
+    #pragma GCC unroll 4
+    for (int g = 0; g < G; g++) t0[g] = t1[g] = _mm512_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        __m512 a0[MV_GROUP], a1[MV_GROUP], c0[MV_GROUP], c1[MV_GROUP];
+        #pragma GCC unroll 4
+        for (int g = 0; g < G; g++) a0[g] = a1[g] = c0[g] = c1[g] = _mm512_setzero_ps();
+        for (int k = 128 * b; k < 128 * b + 128; k += 64) {
+            __m512i u, v;
+            if (k + 64 <= n) { PREFETCH_AT(w0 + k, AHEAD_FP8); PREFETCH_AT(w1 + k, AHEAD_FP8); u = _mm512_loadu_si512(w0 + k); v = _mm512_loadu_si512(w1 + k); }
+            else {
+                const __mmask64 m = k < n ? ~0ull >> (64 - (n - k)) : 0;
+                u = _mm512_maskz_loadu_epi8(m, w0 + k);
+                v = _mm512_maskz_loadu_epi8(m, w1 + k);
+            }
+            const __m512bh odd0 = (__m512bh)_mm512_and_si512(_mm512_srai_epi16(u, 4), mask);
+            const __m512bh even0 = (__m512bh)_mm512_and_si512(_mm512_srai_epi16(_mm512_slli_epi16(u, 8), 4), mask);
+            const __m512bh odd1 = (__m512bh)_mm512_and_si512(_mm512_srai_epi16(v, 4), mask);
+            const __m512bh even1 = (__m512bh)_mm512_and_si512(_mm512_srai_epi16(_mm512_slli_epi16(v, 8), 4), mask);
+            #pragma GCC unroll 4
+            for (int g = 0; g < G; g++) {
+                const __m512bh xe = (__m512bh)_mm512_loadu_si512(xb + g * ldx + k), xo = (__m512bh)_mm512_loadu_si512(xb + g * ldx + k + 32);
+                a0[g] = _mm512_dpbf16_ps(a0[g], even0, xe);
+                a1[g] = _mm512_dpbf16_ps(a1[g], odd0, xo);
+                c0[g] = _mm512_dpbf16_ps(c0[g], even1, xe);
+                c1[g] = _mm512_dpbf16_ps(c1[g], odd1, xo);
+            }
+        }
+        const __m512 sb0 = _mm512_set1_ps(s0[b] * 0x1p56f), sb1 = _mm512_set1_ps(s1[b] * 0x1p56f);
+        #pragma GCC unroll 4
+        for (int g = 0; g < G; g++) {
+            t0[g] = _mm512_fmadd_ps(_mm512_add_ps(a0[g], a1[g]), sb0, t0[g]);
+            t1[g] = _mm512_fmadd_ps(_mm512_add_ps(c0[g], c1[g]), sb1, t1[g]);
+        }
+    }
+    #pragma GCC unroll 4
+    for (int g = 0; g < G; g++) { y[g * ldy] = _mm512_reduce_add_ps(t0[g]); y[g * ldy + 1] = _mm512_reduce_add_ps(t1[g]); }
+}
+
+/* Rows r0..r0+nr-1 of W against G tokens: the format's row function, specialised for G. */
+MV_ROW mv_rows_g(const Mat *W, int r0, int nr, const uint16_t *xb, size_t ldx, float *y, size_t ldy, const int G) {
+    const int n = W->cols;
     switch (W->fmt) {
-    case WF_BF16: {
-        round_x_bf16(xs, np, xb);
+    case WF_BF16:
         /* One row at a time, also the wide ones (o_proj's 16384 columns, the dense down
          * projection's 12288), whose x (24-32 KB in bf16) no longer stays in L1 beside the
          * weight stream: several rows per pass (each x line loaded once for all of them)
          * won on some hosts and lost on others; one row keeps a single stream per thread. */
-        for (int i = 0; i < nr; i++) {
-            const uint16_t *w = (const uint16_t *)W->w + (size_t)(r0 + i) * n;
-            __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-            int k = 0;
-            for (; k + 128 <= n; k += 128) { /* 256 bytes */
-                if (k % 2048 == 0) PREFETCH_AT(w + k, AHEAD_FAR); /* each 4 KB page of the row, its start included */
-                PREFETCH_AT(w + k, AHEAD_BF16); PREFETCH_AT(w + k + 32, AHEAD_BF16); PREFETCH_AT(w + k + 64, AHEAD_BF16); PREFETCH_AT(w + k + 96, AHEAD_BF16);
-                a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_loadu_si512(w + k), (__m512bh)_mm512_loadu_si512(xb + k));
-                a1 = _mm512_dpbf16_ps(a1, (__m512bh)_mm512_loadu_si512(w + k + 32), (__m512bh)_mm512_loadu_si512(xb + k + 32));
-                a2 = _mm512_dpbf16_ps(a2, (__m512bh)_mm512_loadu_si512(w + k + 64), (__m512bh)_mm512_loadu_si512(xb + k + 64));
-                a3 = _mm512_dpbf16_ps(a3, (__m512bh)_mm512_loadu_si512(w + k + 96), (__m512bh)_mm512_loadu_si512(xb + k + 96));
-            }
-            for (; k < n; k += 32) { /* xb is zero past n; the mask keeps the loads inside the row */
-                __mmask32 m = n - k >= 32 ? 0xFFFFFFFFu : (__mmask32)((1u << (n - k)) - 1);
-                a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_maskz_loadu_epi16(m, w + k), (__m512bh)_mm512_loadu_si512(xb + k));
-            }
-            y[i] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
-        }
+        for (int i = 0; i < nr; i++) mv_row_bf16((const uint16_t *)W->w + (size_t)(r0 + i) * n, n, xb, ldx, y + i, ldy, G);
         return;
-    }
     case WF_FP8: {
         const int nb = (n + 127) / 128;
-        const __m512i mask = _mm512_set1_epi16((short)0x87F0);
-        round_x_bf16(xs, np, xb);
-        for (int i = 0; i < nr; i++) {
-            const int r = r0 + i;
-            const uint8_t *w = W->w + (size_t)r * n;
-            const float *scale = W->fp8_scale + (size_t)(r / 128) * nb;
-            PREFETCH_AT(w, AHEAD_FAR);
-            __m512 t = _mm512_setzero_ps();
-            for (int b = 0; b < nb; b++) {
-                __m512 a0 = _mm512_setzero_ps(), a1 = a0;
-                for (int k = 128 * b; k < 128 * b + 128; k += 64) {
-                    __m512i words; /* word j: byte 2j low, byte 2j+1 high */
-                    if (k + 64 <= n) { PREFETCH_AT(w + k, AHEAD_FP8); words = _mm512_loadu_si512(w + k); }
-                    else words = _mm512_maskz_loadu_epi8(k < n ? ~0ull >> (64 - (n - k)) : 0, w + k);
-                    /* the high byte in place: shift and mask; the low one moved up first */
-                    __m512i odd = _mm512_and_si512(_mm512_srai_epi16(words, 4), mask);
-                    __m512i even = _mm512_and_si512(_mm512_srai_epi16(_mm512_slli_epi16(words, 8), 4), mask);
-                    a0 = _mm512_dpbf16_ps(a0, (__m512bh)even, (__m512bh)_mm512_loadu_si512(xb + k));
-                    a1 = _mm512_dpbf16_ps(a1, (__m512bh)odd, (__m512bh)_mm512_loadu_si512(xb + k + 32));
-                }
-                /* one multiplier per 128x128 block, times the 2^(120-64) taken off above */
-                t = _mm512_fmadd_ps(_mm512_add_ps(a0, a1), _mm512_set1_ps(scale[b] * 0x1p56f), t);
-            }
-            y[i] = _mm512_reduce_add_ps(t);
-        }
+        int i = 0;
+        if (G > 1) /* several tokens: two rows per pass over their x */
+            for (; i + 2 <= nr; i += 2)
+                mv_row2_fp8(W->w + (size_t)(r0 + i) * n, W->w + (size_t)(r0 + i + 1) * n, n, W->fp8_scale + (size_t)((r0 + i) / 128) * nb,
+                            W->fp8_scale + (size_t)((r0 + i + 1) / 128) * nb, xb, ldx, y + i, ldy, G);
+        for (; i < nr; i++)
+            mv_row_fp8(W->w + (size_t)(r0 + i) * n, n, W->fp8_scale + (size_t)((r0 + i) / 128) * nb, xb, ldx, y + i, ldy, G);
         return;
     }
     case WF_MXFP4: {
-        const int nb = n / 32;
-        round_x_bf16(xs, np, xb);
         uint16_t table[32]; /* bf16 of each E2M1 value, twice: vpermw reads 5 index bits */
         for (int c = 0; c < 32; c++) table[c] = f32_to_bf16(e2m1_value[c % 16]);
         const __m512i lut = _mm512_loadu_si512(table);
@@ -816,31 +926,39 @@ BF16 static void matvec_bf16_avx512(const Mat *W, int r0, int nr, const float *x
                                                -1, -1, -1, 2, -1, -1, -1, 2, -1, -1, -1, 2, -1, -1, -1, 2,
                                                -1, -1, -1, 1, -1, -1, -1, 1, -1, -1, -1, 1, -1, -1, -1, 1,
                                                -1, -1, -1, 0, -1, -1, -1, 0, -1, -1, -1, 0, -1, -1, -1, 0);
-        for (int i = 0; i < nr; i++) {
-            const uint8_t *w = W->w + (size_t)(r0 + i) * (n / 2), *sc = W->mx_scale + (size_t)(r0 + i) * nb;
-            PREFETCH_AT(w, AHEAD_FAR);
-            __m512 t = _mm512_setzero_ps();
-            for (int b = 0; b < nb; b += 4) { /* 64 bytes, 4 blocks */
-                __m512i words; /* word j = bytes 2j, 2j+1: columns 4j .. 4j+3, one nibble each */
-                uint32_t s4 = 0;
-                if (b + 4 <= nb) { PREFETCH_AT(w + 16 * b, AHEAD_MXFP4); words = _mm512_loadu_si512(w + 16 * b); memcpy(&s4, sc + b, 4); }
-                else { words = _mm512_maskz_loadu_epi8(~0ull >> (64 - 16 * (nb - b)), w + 16 * b); memcpy(&s4, sc + b, (size_t)(nb - b)); }
-                const uint16_t *x = xb + 32 * b;
-                __m512 a0 = _mm512_dpbf16_ps(_mm512_setzero_ps(), (__m512bh)_mm512_permutexvar_epi16(words, lut), (__m512bh)_mm512_loadu_si512(x));
-                __m512 a1 = _mm512_dpbf16_ps(_mm512_setzero_ps(), (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(words, 4), lut), (__m512bh)_mm512_loadu_si512(x + 32));
-                a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(words, 8), lut), (__m512bh)_mm512_loadu_si512(x + 64));
-                a1 = _mm512_dpbf16_ps(a1, (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(words, 12), lut), (__m512bh)_mm512_loadu_si512(x + 96));
-                /* lane l holds columns of block l/4: scale 2^(s-127) from the exponent bits (s = 0 gives 0) */
-                __m512i s = _mm512_shuffle_epi8(_mm512_set1_epi32((int)s4), spread);
-                t = _mm512_fmadd_ps(_mm512_add_ps(a0, a1), _mm512_castsi512_ps(_mm512_slli_epi32(s, 23)), t);
-            }
-            y[i] = _mm512_reduce_add_ps(t);
-        }
+        for (int i = 0; i < nr; i++)
+            mv_row_mxfp4(W->w + (size_t)(r0 + i) * (n / 2), n, W->mx_scale + (size_t)(r0 + i) * (n / 32), lut, spread, xb, ldx, y + i, ldy, G);
         return;
     }
     default:
         return;
     }
+}
+
+BF16 static void matvec_bf16_avx512(const Mat *W, int r0, int nr, const float *xs, float *y) {
+    const int np = (W->cols + 127) & ~127;
+    uint16_t xbuf[np + 32]; /* x in bf16, on this thread's stack (tens of KB at most), */
+    uint16_t *xb = (uint16_t *)(((uintptr_t)xbuf + 63) & ~(uintptr_t)63); /* 64-byte aligned */
+    round_x_bf16(xs, np, xb);
+    mv_rows_g(W, r0, nr, xb, 0, y, 0, 1);
+}
+
+/* n tokens in groups of MV_GROUP; the row loop is the outer one, so a row read from
+ * memory once serves every group from L1. */
+BF16 static void matvec_bf16_n_avx512(const Mat *W, int r0, int nr, const uint16_t *xb, size_t ldx, int n, float *y, size_t ldy) {
+    const int R = W->fmt == WF_FP8 ? 2 : 1; /* rows per pass (mv_rows_g pairs FP8 rows) */
+    for (int i = 0; i < nr; i += R)
+        for (int t = 0; t < n; t += MV_GROUP) {
+            const int rows = nr - i < R ? nr - i : R;
+            const uint16_t *x = xb + (size_t)t * ldx;
+            float *yt = y + (size_t)t * ldy + i;
+            switch (n - t < MV_GROUP ? n - t : MV_GROUP) {
+            case 4: mv_rows_g(W, r0 + i, rows, x, ldx, yt, ldy, 4); break;
+            case 3: mv_rows_g(W, r0 + i, rows, x, ldx, yt, ldy, 3); break;
+            case 2: mv_rows_g(W, r0 + i, rows, x, ldx, yt, ldy, 2); break;
+            default: mv_rows_g(W, r0 + i, rows, x, ldx, yt, ldy, 1); break;
+            }
+        }
 }
 
 /* The MLA absorb of one token reads W_UK (BF16) against the grain: q_abs = Σ_i q[i]·row i.
@@ -1050,6 +1168,7 @@ void kernels_init(const char *want) {
             k.pack_pairs_bf16 = pack_pairs_bf16_avx512;
             k.gemm_rows_bf16 = gemm_rows_bf16_avx512;
             k.matvec_bf16 = matvec_bf16_avx512;
+            k.matvec_bf16_n = matvec_bf16_n_avx512;
         }
         kernels = k;
     }

@@ -122,6 +122,32 @@ static int test_set(const char *want) {
                     }
                     snprintf(what, sizeof what, "%s matvec_bf16 %s %dx%d", simd.name, names[f], rows, cols);
                     check(what, worst_b < 1e-5, worst_b);
+                    if (simd.matvec_bf16_n) {
+                        /* n tokens at once: each token's results bit for bit its one-token
+                         * matvec_bf16's (glm serve's batch invariance), for n around the
+                         * kernel's groups of 4 and odd row counts (FP8 pairs rows) */
+                        const int np = (cols + 127) & ~127, ns[] = {2, 3, 5, 8};
+                        for (int q = 0; q < 4; q++) {
+                            const int n = ns[q];
+                            uint16_t *xb = calloc((size_t)n * np, 2);
+                            float *xt = malloc((size_t)n * cols * 4), *yn = malloc((size_t)n * nr * 4), *y1 = malloc((size_t)nr * 4);
+                            for (int i = 0; i < n * cols; i++) xt[i] = rndf();
+                            for (int t = 0; t < n; t++) {
+                                matvec_order_bf16(&W, xt + (size_t)t * cols, xo);
+                                simd.round_bf16(xo, np, xb + (size_t)t * np, np);
+                            }
+                            simd.matvec_bf16_n(&W, r0, nr, xb, (size_t)np, n, yn, (size_t)nr);
+                            int same = 1;
+                            for (int t = 0; t < n; t++) {
+                                matvec_order_bf16(&W, xt + (size_t)t * cols, xo);
+                                simd.matvec_bf16(&W, r0, nr, xo, y1);
+                                same &= !memcmp(y1, yn + (size_t)t * nr, (size_t)nr * 4);
+                            }
+                            snprintf(what, sizeof what, "%s matvec_bf16_n %s %dx%d n=%d", simd.name, names[f], rows, cols, n);
+                            check(what, same, same ? 0 : 1);
+                            free(xb); free(xt); free(yn); free(y1);
+                        }
+                    }
                     free(xo);
                 }
                 free(w); free(sc); free(x); free(xs); free(y); free(plain); free(fast);

@@ -16,7 +16,7 @@ set -u
 cd "$(dirname "$0")/.." || exit 1
 GLM=${GLM:-./glm}
 FUZZ_SECONDS=${FUZZ_SECONDS:-25}
-TARGETS="json checkpoint tokenizer_load encode chat"
+TARGETS="json checkpoint tokenizer_load encode chat http request"
 OUT=$(mktemp -d "${TMPDIR:-/tmp}/glm-fuzz-test.XXXXXX") || exit 1
 trap 'rm -rf "$OUT"' EXIT
 pass=0

@@ -754,9 +754,9 @@ BF16 static void round_x_bf16(const float *xs, int np, uint16_t *xb) {
 #define MV_GROUP 4
 #define MV_ROW BF16 static inline __attribute__((always_inline)) void
 MV_ROW mv_row_bf16(const uint16_t *w, int n, const uint16_t *xb, size_t ldx, float *y, size_t ldy, const int G) {
-    __m512 a0[MV_GROUP], a1[MV_GROUP], a2[MV_GROUP], a3[MV_GROUP];
+    __m512 a0[MV_GROUP], a1[MV_GROUP]; /* two sums per token: 64-byte pieces alternate between them */
     #pragma GCC unroll 4
-    for (int g = 0; g < G; g++) a0[g] = a1[g] = a2[g] = a3[g] = _mm512_setzero_ps();
+    for (int g = 0; g < G; g++) a0[g] = a1[g] = _mm512_setzero_ps();
     int k = 0;
     for (; k + 128 <= n; k += 128) { /* 256 bytes */
         if (k % 2048 == 0) PREFETCH_AT(w + k, AHEAD_FAR); /* each 4 KB page of the row, its start included */
@@ -768,8 +768,8 @@ MV_ROW mv_row_bf16(const uint16_t *w, int n, const uint16_t *xb, size_t ldx, flo
             const uint16_t *x = xb + g * ldx + k;
             a0[g] = _mm512_dpbf16_ps(a0[g], w0, (__m512bh)_mm512_loadu_si512(x));
             a1[g] = _mm512_dpbf16_ps(a1[g], w1, (__m512bh)_mm512_loadu_si512(x + 32));
-            a2[g] = _mm512_dpbf16_ps(a2[g], w2, (__m512bh)_mm512_loadu_si512(x + 64));
-            a3[g] = _mm512_dpbf16_ps(a3[g], w3, (__m512bh)_mm512_loadu_si512(x + 96));
+            a0[g] = _mm512_dpbf16_ps(a0[g], w2, (__m512bh)_mm512_loadu_si512(x + 64));
+            a1[g] = _mm512_dpbf16_ps(a1[g], w3, (__m512bh)_mm512_loadu_si512(x + 96));
         }
     }
     for (; k < n; k += 32) { /* xb is zero past n; the mask keeps the loads inside the row */
@@ -779,7 +779,46 @@ MV_ROW mv_row_bf16(const uint16_t *w, int n, const uint16_t *xb, size_t ldx, flo
         for (int g = 0; g < G; g++) a0[g] = _mm512_dpbf16_ps(a0[g], wm, (__m512bh)_mm512_loadu_si512(xb + g * ldx + k));
     }
     #pragma GCC unroll 4
-    for (int g = 0; g < G; g++) y[g * ldy] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0[g], a1[g]), _mm512_add_ps(a2[g], a3[g])));
+    for (int g = 0; g < G; g++) y[g * ldy] = _mm512_reduce_add_ps(_mm512_add_ps(a0[g], a1[g]));
+}
+
+/* mv_row_bf16 for two rows at once (w0, w1): each x load serves both rows, halving the
+ * reads of x from L2 when several tokens' x no longer fit L1. Each (row, token) takes
+ * the same operations in the same order as in mv_row_bf16. */
+MV_ROW mv_row2_bf16(const uint16_t *w0, const uint16_t *w1, int n, const uint16_t *xb, size_t ldx, float *y, size_t ldy, const int G) {
+    __m512 a0[MV_GROUP], a1[MV_GROUP], c0[MV_GROUP], c1[MV_GROUP];
+    #pragma GCC unroll 4
+    for (int g = 0; g < G; g++) a0[g] = a1[g] = c0[g] = c1[g] = _mm512_setzero_ps();
+    int k = 0;
+    const int k128 = n & ~127; /* where mv_row_bf16's 128-column steps end and its tail begins */
+    for (; k < k128; k += 64) { /* 128 bytes of each row: pieces alternate between the sums as there */
+        if (k % 2048 == 0) { PREFETCH_AT(w0 + k, AHEAD_FAR); PREFETCH_AT(w1 + k, AHEAD_FAR); }
+        const __m512bh u0 = (__m512bh)_mm512_loadu_si512(w0 + k), u1 = (__m512bh)_mm512_loadu_si512(w0 + k + 32);
+        const __m512bh v0 = (__m512bh)_mm512_loadu_si512(w1 + k), v1 = (__m512bh)_mm512_loadu_si512(w1 + k + 32);
+        #pragma GCC unroll 4
+        for (int g = 0; g < G; g++) {
+            const __m512bh x0 = (__m512bh)_mm512_loadu_si512(xb + g * ldx + k), x1 = (__m512bh)_mm512_loadu_si512(xb + g * ldx + k + 32);
+            a0[g] = _mm512_dpbf16_ps(a0[g], u0, x0);
+            a1[g] = _mm512_dpbf16_ps(a1[g], u1, x1);
+            c0[g] = _mm512_dpbf16_ps(c0[g], v0, x0);
+            c1[g] = _mm512_dpbf16_ps(c1[g], v1, x1);
+        }
+    }
+    for (; k < n; k += 32) { /* the tail, all into the first sums, as there */
+        __mmask32 m = n - k >= 32 ? 0xFFFFFFFFu : (__mmask32)((1u << (n - k)) - 1);
+        const __m512bh u = (__m512bh)_mm512_maskz_loadu_epi16(m, w0 + k), v = (__m512bh)_mm512_maskz_loadu_epi16(m, w1 + k);
+        #pragma GCC unroll 4
+        for (int g = 0; g < G; g++) {
+            const __m512bh x = (__m512bh)_mm512_loadu_si512(xb + g * ldx + k);
+            a0[g] = _mm512_dpbf16_ps(a0[g], u, x);
+            c0[g] = _mm512_dpbf16_ps(c0[g], v, x);
+        }
+    }
+    #pragma GCC unroll 4
+    for (int g = 0; g < G; g++) {
+        y[g * ldy] = _mm512_reduce_add_ps(_mm512_add_ps(a0[g], a1[g]));
+        y[g * ldy + 1] = _mm512_reduce_add_ps(_mm512_add_ps(c0[g], c1[g]));
+    }
 }
 
 MV_ROW mv_row_fp8(const uint8_t *w, int n, const float *scale, const uint16_t *xb, size_t ldx, float *y, size_t ldy, const int G) {
@@ -895,6 +934,55 @@ MV_ROW mv_row2_fp8(const uint8_t *w0, const uint8_t *w1, int n, const float *s0,
     for (int g = 0; g < G; g++) { y[g * ldy] = _mm512_reduce_add_ps(t0[g]); y[g * ldy + 1] = _mm512_reduce_add_ps(t1[g]); }
 }
 
+/* mv_row_mxfp4 for two rows at once (w0/sc0, w1/sc1), as mv_row2_fp8: the same
+ * operations per (row, token), each x load serving both rows. */
+MV_ROW mv_row2_mxfp4(const uint8_t *w0, const uint8_t *w1, int n, const uint8_t *sc0, const uint8_t *sc1, __m512i lut, __m512i spread,
+                     const uint16_t *xb, size_t ldx, float *y, size_t ldy, const int G) {
+    const int nb = n / 32;
+    PREFETCH_AT(w0, AHEAD_FAR);
+    PREFETCH_AT(w1, AHEAD_FAR);
+    __m512 t0[MV_GROUP], t1[MV_GROUP];
+    #pragma GCC unroll 4
+    for (int g = 0; g < G; g++) t0[g] = t1[g] = _mm512_setzero_ps();
+    for (int b = 0; b < nb; b += 4) { /* 64 bytes of each row, 4 blocks */
+        __m512i u, v;
+        uint32_t su = 0, sv = 0;
+        if (b + 4 <= nb) {
+            PREFETCH_AT(w0 + 16 * b, AHEAD_MXFP4); PREFETCH_AT(w1 + 16 * b, AHEAD_MXFP4);
+            u = _mm512_loadu_si512(w0 + 16 * b); v = _mm512_loadu_si512(w1 + 16 * b);
+            memcpy(&su, sc0 + b, 4); memcpy(&sv, sc1 + b, 4);
+        } else {
+            const __mmask64 m = ~0ull >> (64 - 16 * (nb - b));
+            u = _mm512_maskz_loadu_epi8(m, w0 + 16 * b); v = _mm512_maskz_loadu_epi8(m, w1 + 16 * b);
+            memcpy(&su, sc0 + b, (size_t)(nb - b)); memcpy(&sv, sc1 + b, (size_t)(nb - b));
+        }
+        const __m512bh p0 = (__m512bh)_mm512_permutexvar_epi16(u, lut), p1 = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(u, 4), lut);
+        const __m512bh p2 = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(u, 8), lut);
+        const __m512bh p3 = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(u, 12), lut);
+        const __m512bh q0 = (__m512bh)_mm512_permutexvar_epi16(v, lut), q1 = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(v, 4), lut);
+        const __m512bh q2 = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(v, 8), lut);
+        const __m512bh q3 = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(v, 12), lut);
+        const __m512 ssu = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_shuffle_epi8(_mm512_set1_epi32((int)su), spread), 23));
+        const __m512 ssv = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_shuffle_epi8(_mm512_set1_epi32((int)sv), spread), 23));
+        #pragma GCC unroll 4
+        for (int g = 0; g < G; g++) {
+            const uint16_t *x = xb + g * ldx + 32 * b;
+            const __m512bh x0 = (__m512bh)_mm512_loadu_si512(x), x1 = (__m512bh)_mm512_loadu_si512(x + 32);
+            const __m512bh x2 = (__m512bh)_mm512_loadu_si512(x + 64), x3 = (__m512bh)_mm512_loadu_si512(x + 96);
+            __m512 a0 = _mm512_dpbf16_ps(_mm512_setzero_ps(), p0, x0), a1 = _mm512_dpbf16_ps(_mm512_setzero_ps(), p1, x1);
+            __m512 c0 = _mm512_dpbf16_ps(_mm512_setzero_ps(), q0, x0), c1 = _mm512_dpbf16_ps(_mm512_setzero_ps(), q1, x1);
+            a0 = _mm512_dpbf16_ps(a0, p2, x2);
+            a1 = _mm512_dpbf16_ps(a1, p3, x3);
+            c0 = _mm512_dpbf16_ps(c0, q2, x2);
+            c1 = _mm512_dpbf16_ps(c1, q3, x3);
+            t0[g] = _mm512_fmadd_ps(_mm512_add_ps(a0, a1), ssu, t0[g]);
+            t1[g] = _mm512_fmadd_ps(_mm512_add_ps(c0, c1), ssv, t1[g]);
+        }
+    }
+    #pragma GCC unroll 4
+    for (int g = 0; g < G; g++) { y[g * ldy] = _mm512_reduce_add_ps(t0[g]); y[g * ldy + 1] = _mm512_reduce_add_ps(t1[g]); }
+}
+
 /* Rows r0..r0+nr-1 of W against G tokens: the format's row function, specialised for G. */
 MV_ROW mv_rows_g(const Mat *W, int r0, int nr, const uint16_t *xb, size_t ldx, float *y, size_t ldy, const int G) {
     const int n = W->cols;
@@ -904,7 +992,12 @@ MV_ROW mv_rows_g(const Mat *W, int r0, int nr, const uint16_t *xb, size_t ldx, f
          * projection's 12288), whose x (24-32 KB in bf16) no longer stays in L1 beside the
          * weight stream: several rows per pass (each x line loaded once for all of them)
          * won on some hosts and lost on others; one row keeps a single stream per thread. */
-        for (int i = 0; i < nr; i++) mv_row_bf16((const uint16_t *)W->w + (size_t)(r0 + i) * n, n, xb, ldx, y + i, ldy, G);
+        int i = 0;
+        if (G > 1) /* several tokens: two rows per pass over their x */
+            for (; i + 2 <= nr; i += 2)
+                mv_row2_bf16((const uint16_t *)W->w + (size_t)(r0 + i) * n, (const uint16_t *)W->w + (size_t)(r0 + i + 1) * n, n, xb, ldx,
+                             y + i, ldy, G);
+        for (; i < nr; i++) mv_row_bf16((const uint16_t *)W->w + (size_t)(r0 + i) * n, n, xb, ldx, y + i, ldy, G);
         return;
     case WF_FP8: {
         const int nb = (n + 127) / 128;
@@ -926,7 +1019,12 @@ MV_ROW mv_rows_g(const Mat *W, int r0, int nr, const uint16_t *xb, size_t ldx, f
                                                -1, -1, -1, 2, -1, -1, -1, 2, -1, -1, -1, 2, -1, -1, -1, 2,
                                                -1, -1, -1, 1, -1, -1, -1, 1, -1, -1, -1, 1, -1, -1, -1, 1,
                                                -1, -1, -1, 0, -1, -1, -1, 0, -1, -1, -1, 0, -1, -1, -1, 0);
-        for (int i = 0; i < nr; i++)
+        int i = 0;
+        if (G > 1) /* several tokens: two rows per pass over their x */
+            for (; i + 2 <= nr; i += 2)
+                mv_row2_mxfp4(W->w + (size_t)(r0 + i) * (n / 2), W->w + (size_t)(r0 + i + 1) * (n / 2), n, W->mx_scale + (size_t)(r0 + i) * (n / 32),
+                              W->mx_scale + (size_t)(r0 + i + 1) * (n / 32), lut, spread, xb, ldx, y + i, ldy, G);
+        for (; i < nr; i++)
             mv_row_mxfp4(W->w + (size_t)(r0 + i) * (n / 2), n, W->mx_scale + (size_t)(r0 + i) * (n / 32), lut, spread, xb, ldx, y + i, ldy, G);
         return;
     }
@@ -946,7 +1044,7 @@ BF16 static void matvec_bf16_avx512(const Mat *W, int r0, int nr, const float *x
 /* n tokens in groups of MV_GROUP; the row loop is the outer one, so a row read from
  * memory once serves every group from L1. */
 BF16 static void matvec_bf16_n_avx512(const Mat *W, int r0, int nr, const uint16_t *xb, size_t ldx, int n, float *y, size_t ldy) {
-    const int R = W->fmt == WF_FP8 ? 2 : 1; /* rows per pass (mv_rows_g pairs FP8 rows) */
+    const int R = 2; /* rows per pass: with several tokens mv_rows_g pairs rows */
     for (int i = 0; i < nr; i += R)
         for (int t = 0; t < n; t += MV_GROUP) {
             const int rows = nr - i < R ? nr - i : R;

@@ -49,6 +49,7 @@
 typedef struct {
     const char *model_dir, *host, *api_key, *tokenizer, *alias;
     int port, ctx, parallel, chunk, queue, threads, bf16;
+    int n_gpus;               /* --gpu / --gpus N: the GPU path (one sequence at a time) */
     double cache_mb;          /* prefix cache budget; < 0 = sized from memory */
     size_t max_body;
 } ServeArgs;
@@ -71,6 +72,8 @@ static const char SERVE_USAGE[] =
     "  --api-key KEY     require \"Authorization: Bearer KEY\" (GLM_API_KEY sets it too)\n"
     "  --alias NAME      the model id clients see (default: the folder's name)\n"
     "  --tokenizer FILE  tokenizer.json (default DIR/tokenizer.json)\n"
+    "  --gpu, --gpus N   run on N GPUs (builds with GPU support): one sequence at a time, no prefix\n"
+    "                    cache (the GPU path keeps one KV cache, on the devices)\n"
     "  -t N              threads (default: one per core)\n"
     "  --bf16 / --fp32   activations of the weight products (default bf16; GLM_PRECISION)\n"
     "  -h, --help        this text\n"
@@ -105,8 +108,9 @@ static void serve_args(ServeArgs *a, int argc, char **argv) {
         if (!strcmp(f, "-h") || !strcmp(f, "--help")) { puts(SERVE_USAGE); exit(0); }
         if (!strcmp(f, "--bf16")) { a->bf16 = 1; continue; }
         if (!strcmp(f, "--fp32")) { a->bf16 = 0; continue; }
+        if (!strcmp(f, "--gpu")) { a->n_gpus = 1; continue; }
         static const char *const with_value[] = {"-m", "--host", "--port", "--parallel", "--ctx", "--chunk", "--cache-mb",
-                                                 "--queue", "--max-body", "--api-key", "--alias", "--tokenizer", "-t"};
+                                                 "--queue", "--max-body", "--api-key", "--alias", "--tokenizer", "-t", "--gpus"};
         int known = 0;
         for (size_t k = 0; k < sizeof with_value / sizeof *with_value; k++) known |= !strcmp(f, with_value[k]);
         if (!known) glm_fatal("serve: unknown flag '%s' (see glm serve --help)", f);
@@ -124,6 +128,7 @@ static void serve_args(ServeArgs *a, int argc, char **argv) {
         else if (!strcmp(f, "--api-key")) a->api_key = v;
         else if (!strcmp(f, "--alias")) a->alias = v;
         else if (!strcmp(f, "--tokenizer")) a->tokenizer = v;
+        else if (!strcmp(f, "--gpus")) a->n_gpus = (int)flag_long(f, v, 1, 64);
         else a->threads = (int)flag_long(f, v, 1, 4096);
     }
     if (!a->model_dir) glm_fatal("serve: -m DIR is required (see glm serve --help)");
@@ -296,6 +301,7 @@ typedef struct {
     float *logits;            /* [parallel][V] */
     float *scratch;           /* [V] one row of logits kept while sample() overwrites it */
     PrefixCache cache;
+    GpuModel *gpu;            /* --gpu: the devices' copy of the model and their KV cache, else NULL */
     pthread_mutex_t mu;
     pthread_cond_t wake;      /* the engine: a job was queued or cancelled */
     pthread_cond_t conns_done;
@@ -412,6 +418,21 @@ static void take_token(Slot *sl, int tok, float logprob) {
     if (j->n_out >= j->max_tokens) job_finish(sl, j, "length");
 }
 
+/* forward_batch, or with --gpu the GPU path's forward for the one sequence it serves
+ * (its cache position is the host's kv.pos, as in session_forward). */
+static void run_batch(const SeqTokens *seq, int n_seq, float *logits) {
+#ifdef GLM_GPU
+    if (g.gpu) {
+        for (int i = 0; i < n_seq; i++) {
+            gpu_forward(g.gpu, seq[i].kv->pos, seq[i].tokens, seq[i].n, logits + (size_t)i * g.model.cfg.vocab_size, 0);
+            seq[i].kv->pos += seq[i].n;
+        }
+        return;
+    }
+#endif
+    forward_batch(&g.model, &g.state, seq, n_seq, logits);
+}
+
 /* One step: every decoding slot's next token as one batch, then one chunk of the oldest
  * waiting prompt as another. A chunk covers positions [k·C, (k+1)·C) of its prompt (C =
  * --chunk) or the prompt's rest, and runs alone; the cache hands out whole chunks only.
@@ -441,8 +462,8 @@ static int engine_step(void) {
         who[n_seq++] = best;
     }
     if (!n_seq) return 0;
-    if (n_decode) forward_batch(&g.model, &g.state, seq, n_decode, g.logits);
-    if (n_seq > n_decode) forward_batch(&g.model, &g.state, seq + n_decode, n_seq - n_decode, g.logits + (size_t)n_decode * V);
+    if (n_decode) run_batch(seq, n_decode, g.logits);
+    if (n_seq > n_decode) run_batch(seq + n_decode, n_seq - n_decode, g.logits + (size_t)n_decode * V);
     pthread_mutex_lock(&g.mu);
     for (int k = 0; k < n_seq; k++) {
         Slot *sl = &g.slot[who[k]];
@@ -1128,7 +1149,17 @@ static void serve_start(ServeArgs *a) {
     free(tp);
     if (tokenizer_vocab_size(g.tok) > c->vocab_size)
         glm_fatal("--tokenizer: %d ids but the model's vocab_size is %d", tokenizer_vocab_size(g.tok), c->vocab_size);
-    const double slot_bytes = (double)kvcache_bytes(&g.model, a->ctx), avail = mem_available();
+    if (a->n_gpus) {
+#ifdef GLM_GPU
+        if (a->parallel > 1) fprintf(stderr, "serve: --parallel %d: the GPU path runs one sequence at a time; using 1\n", a->parallel);
+        a->parallel = 1;
+        a->cache_mb = 0;
+        g.gpu = gpu_load(&g.model, a->n_gpus, a->ctx);
+#else
+        glm_fatal("--gpu: this glm was built without GPU support (build it with make hip, make cuda or make emu)");
+#endif
+    }
+    const double slot_bytes = g.gpu ? 0 : (double)kvcache_bytes(&g.model, a->ctx), avail = mem_available();
     if (!a->parallel) { /* as many as 40% of the free memory holds, 1..8 */
         double n = avail > 0 ? 0.4 * avail / slot_bytes : 1;
         a->parallel = n < 1 ? 1 : n > 8 ? 8 : (int)n;
@@ -1144,7 +1175,8 @@ static void serve_start(ServeArgs *a) {
     runstate_init(&g.state, c, a->chunk > a->parallel ? a->chunk : a->parallel, a->ctx); /* a prompt chunk, or every decode */
     g.slot = xcalloc((size_t)a->parallel, sizeof(Slot));
     for (int i = 0; i < a->parallel; i++) {
-        kvcache_init(&g.slot[i].kv, &g.model, a->ctx);
+        if (g.gpu) g.slot[i].kv.ctx = a->ctx; /* positions only: the cache is on the devices */
+        else kvcache_init(&g.slot[i].kv, &g.model, a->ctx);
         sampler_init(&g.slot[i].sp, 0, 1, 0, c->vocab_size);
     }
     g.logits = xmalloc((size_t)a->parallel * c->vocab_size * sizeof(float));
@@ -1155,13 +1187,18 @@ static void serve_start(ServeArgs *a) {
     pthread_cond_init(&g.conns_done, NULL);
     fprintf(stderr, "glm: %s: %d layers, %.2f GB of weights, loaded in %.2f s; %s kernels, %s products\n", a->model_dir, c->n_layers,
             g.model.weight_bytes / 1e9, now_s() - t0, ops.name, ops.precision);
-    fprintf(stderr, "serve: %d sequences x %d tokens of context = %.1f MiB of KV cache; prefix cache %.1f MiB (%d blocks of %d tokens); "
-                    "%d tokens per step\n",
-            a->parallel, a->ctx, a->parallel * slot_bytes / 1048576.0, g.cache.cap * (double)g.cache.block_bytes / 1048576.0, g.cache.cap,
-            CACHE_BLOCK, a->chunk);
+    if (g.gpu) fprintf(stderr, "serve: 1 sequence at a time on the GPU path, %d tokens of context (KV cache on the devices); no prefix cache\n", a->ctx);
+    else
+        fprintf(stderr, "serve: %d sequences x %d tokens of context = %.1f MiB of KV cache; prefix cache %.1f MiB (%d blocks of %d tokens); "
+                        "prompt chunks of %d tokens\n",
+                a->parallel, a->ctx, a->parallel * slot_bytes / 1048576.0, g.cache.cap * (double)g.cache.block_bytes / 1048576.0, g.cache.cap,
+                CACHE_BLOCK, a->chunk);
 }
 
 static void serve_stop(void) {
+#ifdef GLM_GPU
+    if (g.gpu) gpu_free(g.gpu);
+#endif
     for (int i = 0; i < g.args.parallel; i++) { kvcache_free(&g.slot[i].kv); sampler_free(&g.slot[i].sp); }
     free(g.slot);
     free(g.logits);

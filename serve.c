@@ -271,10 +271,12 @@ typedef struct Job {
     int n_gen;                /* tokens sampled */
     int n_cached;             /* prompt tokens whose state came from the prefix cache */
     int done;                 /* no more tokens will come; the engine holds no pointer to the job */
-    const char *finish;       /* "stop" (end of sequence), "length" (max_tokens, context), "abort" (shutdown) */
+    const char *finish;       /* "stop" (end of sequence), "length" (max_tokens, context), "cancel" (the
+                                 connection asked), "abort" (shutdown) */
     double t_first;
     /* written by the connection thread */
     int cancel;               /* stop now: the client left or a stop string matched */
+    int in_queue;             /* still waiting for a slot (Server.queue_head ...) */
     pthread_cond_t cond;      /* signalled when tokens arrive or done is set */
     struct Job *next;         /* the queue */
 } Job;
@@ -352,7 +354,7 @@ static void admit(void) {
         g.queue_head = j->next;
         if (!g.queue_head) g.queue_tail = NULL;
         g.queued--;
-        if (j->cancel) { job_finish(NULL, j, "stop"); i--; continue; }
+        j->in_queue = 0;
         sl->job = j;
         sl->kv.pos = sl->kv.mtp_pos = 0;
         /* whole chunks only (see engine_step), and not the last token: its logits are needed */
@@ -488,7 +490,7 @@ static void *engine_main(void *unused) {
     pthread_mutex_lock(&g.mu);
     while (!g_stop) {
         for (int i = 0; i < g.args.parallel; i++) /* a cancelled job's slot frees at once */
-            if (g.slot[i].job && g.slot[i].job->cancel) job_finish(&g.slot[i], g.slot[i].job, "stop");
+            if (g.slot[i].job && g.slot[i].job->cancel) job_finish(&g.slot[i], g.slot[i].job, "cancel");
         admit();
         pthread_mutex_unlock(&g.mu);
         int ran = engine_step();
@@ -500,6 +502,7 @@ static void *engine_main(void *unused) {
     while (g.queue_head) {
         Job *j = g.queue_head;
         g.queue_head = j->next;
+        j->in_queue = 0;
         job_finish(NULL, j, "abort");
     }
     g.queue_tail = NULL;
@@ -896,14 +899,33 @@ static int job_queue(Job *j) {
     if (g.queue_tail) g.queue_tail->next = j; else g.queue_head = j;
     g.queue_tail = j;
     g.queued++;
+    j->in_queue = 1;
     pthread_cond_signal(&g.wake);
     return 1;
+}
+
+/* Under g.mu: the job is not wanted any more. Still queued, it leaves the queue at once
+ * (its place is free for the next request); running, its slot frees at the next step. */
+static void job_cancel(Job *j) {
+    if (j->done) return;
+    if (j->in_queue) {
+        Job **p = &g.queue_head, *prev = NULL;
+        while (*p != j) { prev = *p; p = &(*p)->next; }
+        *p = j->next;
+        if (g.queue_tail == j) g.queue_tail = prev;
+        g.queued--;
+        j->in_queue = 0;
+        job_finish(NULL, j, "cancel");
+        return;
+    }
+    j->cancel = 1;
+    pthread_cond_signal(&g.wake);
 }
 
 /* Asks the engine to stop the job (if it is not done) and waits until it has let go. */
 static void job_stop(Job *j) {
     pthread_mutex_lock(&g.mu);
-    if (!j->done) { j->cancel = 1; pthread_cond_signal(&g.wake); }
+    job_cancel(j);
     while (!j->done) timed_wait(&j->cond, &g.mu, 100);
     pthread_mutex_unlock(&g.mu);
 }
@@ -926,12 +948,12 @@ static void log_request(const Params *p, const Job *j, int status, const Output 
 }
 
 /* Waits for the job's next tokens (copied into *ids), or its end. Returns how many; sets
- * *done. A non-streaming client that closes its connection cancels the job. */
+ * *done. A client that closes its connection meanwhile cancels the job (watch_peer). */
 static int job_wait(Job *j, int fd, int watch_peer, int **ids, int *cap, int *have, int *done) {
     pthread_mutex_lock(&g.mu);
     while (!j->done && j->n_out == *have) {
         timed_wait(&j->cond, &g.mu, 100);
-        if (watch_peer && !j->done && http_peer_closed(fd)) { j->cancel = 1; pthread_cond_signal(&g.wake); }
+        if (watch_peer && !j->done && http_peer_closed(fd)) job_cancel(j);
     }
     int n = j->n_out - *have;
     if (n > *cap) { *cap = n > 2 * *cap ? n : 2 * *cap; *ids = realloc(*ids, (size_t)*cap * sizeof(int)); }
@@ -953,7 +975,7 @@ static int stream_job(int fd, Job *j, const Params *p, Output *o) {
     int *ids = NULL, cap = 0, have = 0, done = 0, ok = 1, first = 1;
     Buf b = {0};
     while (ok && !done) {
-        int n = job_wait(j, fd, 0, &ids, &cap, &have, &done);
+        int n = job_wait(j, fd, 1, &ids, &cap, &have, &done);
         output_add(o, p, ids, n, done);
         if (o->stopped && !done) { job_stop(j); done = 1; }
         size_t end = output_ready(o, p, done);
@@ -1044,8 +1066,9 @@ static int handle_completion(int fd, const HttpRequest *rq, int chat) {
         free(ids);
         Buf b = {0};
         full_body(&b, &o, &p, j);
-        if (b.oom) http_respond_error(fd, 500, "server_error", NULL, "out of memory", 0);
-        else if (!http_respond(fd, 200, "application/json", b.p, b.len, rq->keep_alive, NULL)) keep = rq->keep_alive;
+        if (!strcmp(j->finish, "abort") && !j->n_gen) http_respond_error(fd, 503, "server_error", NULL, "the server is shutting down", 0);
+        else if (b.oom) http_respond_error(fd, 500, "server_error", NULL, "out of memory", 0);
+        else if (!http_respond(fd, 200, "application/json", b.p, b.len, rq->keep_alive && !g_stop, NULL)) keep = rq->keep_alive;
         buf_free(&b);
     }
     log_request(&p, j, 200, &o);
@@ -1090,6 +1113,24 @@ static int handle(int fd, const HttpRequest *rq) {
     return rq->keep_alive;
 }
 
+/* After an error answered before its request was read whole (413, 431, ...): closing with
+ * unread bytes makes the kernel reset the connection, and a client still sending its body
+ * would see the reset instead of the answer. So: stop writing, read and drop what comes
+ * for up to 2 s (64 MB at most), then close (RFC 9112 §9.6). */
+static void drain(int fd) {
+    shutdown(fd, SHUT_WR);
+    char buf[16384];
+    size_t got = 0;
+    const double end = now_s() + 2.0;
+    while (got < (64u << 20) && now_s() < end && !g_stop) {
+        struct pollfd pf = {fd, POLLIN, 0};
+        if (poll(&pf, 1, 100) <= 0) continue;
+        ssize_t k = recv(fd, buf, sizeof buf, 0);
+        if (k <= 0) break;
+        got += (size_t)k;
+    }
+}
+
 static void *conn_main(void *arg) {
     const int fd = (int)(intptr_t)arg;
     /* a client that stops reading must not hold its thread (and its job) forever */
@@ -1105,6 +1146,7 @@ static void *conn_main(void *arg) {
         if (r < 0) {
             http_respond_error(fd, -r, -r >= 500 ? "server_error" : "invalid_request_error", NULL, err, 0);
             fprintf(stderr, "serve: %d %s\n", -r, err);
+            drain(fd);
             break;
         }
         if (!handle(fd, &rq) || g_stop) break;

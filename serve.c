@@ -304,6 +304,7 @@ typedef struct {
     float *scratch;           /* [V] one row of logits kept while sample() overwrites it */
     PrefixCache cache;
     GpuModel *gpu;            /* --gpu: the devices' copy of the model and their KV cache, else NULL */
+    int *script, n_script;    /* GLM_SERVE_SCRIPT (tests): every request "generates" these ids, then end of sequence */
     pthread_mutex_t mu;
     pthread_cond_t wake;      /* the engine: a job was queued or cancelled */
     pthread_cond_t conns_done;
@@ -477,8 +478,9 @@ static int engine_step(void) {
             const int tok = sl->job->temperature > 0 ? -1 : argmax(lg, V);
             const float greedy_logit = tok >= 0 ? lg[tok] : 0;
             if (tok < 0) memcpy(g.scratch, lg, (size_t)V * sizeof(float));
-            const int t = tok >= 0 ? tok : sample(&sl->sp, lg, V);
-            take_token(sl, t, (tok >= 0 ? greedy_logit : g.scratch[t]) - lse);
+            int t = tok >= 0 ? tok : sample(&sl->sp, lg, V);
+            if (g.script) t = sl->job->n_gen < g.n_script ? g.script[sl->job->n_gen] : g.model.cfg.eos[0];
+            take_token(sl, t, (g.script ? lg[t] : tok >= 0 ? greedy_logit : g.scratch[t]) - lse);
         }
     }
     pthread_mutex_unlock(&g.mu);
@@ -1201,6 +1203,18 @@ static void serve_start(ServeArgs *a) {
         glm_fatal("--gpu: this glm was built without GPU support (build it with make hip, make cuda or make emu)");
 #endif
     }
+    const char *script = getenv("GLM_SERVE_SCRIPT"); /* a test hook, as spec.c's GLM_DRAFT_ORACLE: output the model cannot be made to write */
+    if (script && *script) {
+        g.script = xmalloc((strlen(script) / 2 + 1) * sizeof(int));
+        for (const char *q = script; *q;) {
+            char *end;
+            long id = strtol(q, &end, 10);
+            if (end == q || id < 0 || id >= c->vocab_size || (*end && *end != ',')) glm_fatal("GLM_SERVE_SCRIPT: expected token ids 1,2,3");
+            g.script[g.n_script++] = (int)id;
+            q = *end ? end + 1 : end;
+        }
+        if (!c->n_eos) glm_fatal("GLM_SERVE_SCRIPT: the model has no end-of-sequence id");
+    }
     const double slot_bytes = g.gpu ? 0 : (double)kvcache_bytes(&g.model, a->ctx), avail = mem_available();
     if (!a->parallel) { /* as many as 40% of the free memory holds, 1..8 */
         double n = avail > 0 ? 0.4 * avail / slot_bytes : 1;
@@ -1245,6 +1259,7 @@ static void serve_stop(void) {
     free(g.slot);
     free(g.logits);
     free(g.scratch);
+    free(g.script);
     cache_free(&g.cache);
     runstate_free(&g.state);
     tokenizer_free(g.tok);

@@ -13,6 +13,9 @@
 # - errors as OpenAI error bodies: malformed JSON, wrong types (400 naming the field), a prompt
 #   over --ctx (400), a body over --max-body (413), --api-key (401; /health is open), bad HTTP
 #   (400), a full queue (503); Expect: 100-continue is answered at once;
+# - tool calls (GLM_SERVE_SCRIPT: scripted output): reasoning_content, content and tool_calls
+#   whole and streamed, finish_reason "tool_calls"; no tools requested or thinking off: text;
+#   a stop string inside the reasoning;
 # - batch invariance: with fp32 products, 8 prompts sharing 300 ids give the same tokens and
 #   bit-identical log-probabilities alone and together (plain C kernels, GLM_KERNELS=c: alone
 #   first, then together, then again from the prefix cache; the default kernels: together
@@ -186,6 +189,14 @@ fi
 # batch invariance with the plain C kernels: logprobs bit-identical alone, together, cached
 if start plain GLM_KERNELS=c -- --fp32 --parallel 8; then
     py invariance "$URL" c "$N_INV" "$T_INV"
+fi
+
+# tool calls, reasoning and stop strings on output the tiny model cannot be made to write:
+# GLM_SERVE_SCRIPT makes every request generate these ids (then the end-of-sequence id)
+REASON="Looks like weather." ANSWER="Checking." CALL="<tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value><arg_key>days</arg_key><arg_value>3</arg_value></tool_call>"
+SCRIPT=$($GLM tokenize -m "$out/m" "$REASON</think>$ANSWER$CALL" | tr ' ' ,)
+if [ -n "$SCRIPT" ] && start tools "GLM_SERVE_SCRIPT=$SCRIPT" -- --parallel 2; then
+    py tools "$URL" "$REASON" "$ANSWER" "$CALL"
 fi
 
 # load: a small prefix cache (full after the warm-up, so RSS measures leaks, not the cache), and

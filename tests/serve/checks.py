@@ -1095,9 +1095,71 @@ def g_load(url, pid, glm, n, nc):
     sys.stderr.write("    (load: VmRSS %d -> %d kB, fds %d -> %d)\n" % (rss1, rss2, fd0, fd1))
 
 
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {
+    "city": {"type": "string"}, "days": {"type": "integer"}}}}}]
+
+
+def g_tools(url, reasoning, answer, call_text):
+    """A server whose every request "generates" REASONING</think>ANSWER CALL_TEXT (GLM_SERVE_SCRIPT):
+    the reasoning, the answer and the tool call come back in their OpenAI fields, whole and streamed."""
+    s = Server(url)
+    want_args = {"city": "Paris", "days": 3}
+    st, j, raw = s.post("/v1/chat/completions", CHAT("weather in Paris?", tools=TOOLS, max_tokens=64))
+    m = (j or {}).get("choices", [{}])[0].get("message", {}) if st == 200 else {}
+    calls = m.get("tool_calls") or []
+    f = calls[0].get("function", {}) if calls else {}
+    try:
+        args = json.loads(f.get("arguments", "null"))
+    except ValueError:
+        args = None
+    ok(st == 200 and m.get("reasoning_content") == reasoning and m.get("content") == answer, "tools_reasoning_and_content_split",
+       "%d %r" % (st, raw[:400]))
+    ok(len(calls) == 1 and f.get("name") == "get_weather" and args == want_args and calls[0].get("type") == "function"
+       and isinstance(calls[0].get("id"), str) and calls[0]["id"], "tools_call_parsed", repr(calls))
+    ok(j and j["choices"][0].get("finish_reason") == "tool_calls", "tools_finish_reason_tool_calls", repr(j)[:300])
+    # streamed: the deltas join to the same fields; the call comes whole at the end, no markup leaks
+    st, events, done, raw, _ = s.stream("/v1/chat/completions", CHAT("weather in Paris?", tools=TOOLS, max_tokens=64, stream=True))
+    try:
+        chunks = chunks_of(events)
+    except ValueError as x:
+        chunks = []
+        ok(False, "tools_stream_json", str(x))
+    rc = "".join(c["choices"][0]["delta"].get("reasoning_content") or "" for c in chunks if c.get("choices"))
+    ct = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c.get("choices"))
+    sc = [tc for c in chunks if c.get("choices") for tc in (c["choices"][0]["delta"].get("tool_calls") or [])]
+    fin = [c["choices"][0].get("finish_reason") for c in chunks if c.get("choices") and c["choices"][0].get("finish_reason")]
+    try:
+        sargs = json.loads(sc[0]["function"]["arguments"]) if sc else None
+    except (ValueError, KeyError):
+        sargs = None
+    ok(st == 200 and done and rc == reasoning and ct == answer, "tools_stream_deltas_join", "%r %r" % (rc, ct))
+    ok(len(sc) == 1 and sc[0].get("index") == 0 and sc[0]["function"].get("name") == "get_weather" and sargs == want_args,
+       "tools_stream_call", repr(sc))
+    ok(fin == ["tool_calls"], "tools_stream_finish_reason", repr(fin))
+    # without tools in the request the call is text, as written
+    st, j, raw = s.post("/v1/chat/completions", CHAT("weather?", max_tokens=64))
+    m = (j or {}).get("choices", [{}])[0].get("message", {}) if st == 200 else {}
+    ok(m.get("content") == answer + call_text and not m.get("tool_calls") and j["choices"][0]["finish_reason"] == "stop",
+       "tools_none_requested_call_stays_text", repr(raw[:400]))
+    # thinking off: the whole output is the answer (</think> included as written)
+    st, j, raw = s.post("/v1/chat/completions", CHAT("weather?", max_tokens=64, chat_template_kwargs={"enable_thinking": False}))
+    m = (j or {}).get("choices", [{}])[0].get("message", {}) if st == 200 else {}
+    ok("reasoning_content" not in m and m.get("content") == reasoning + "</think>" + answer + call_text, "tools_thinking_off_all_content",
+       repr(raw[:400]))
+    # a stop string inside the reasoning ends the output there, whole and streamed
+    word = reasoning.split()[1]
+    st, j, raw = s.post("/v1/chat/completions", CHAT("weather?", max_tokens=64, stop=[word]))
+    m = (j or {}).get("choices", [{}])[0].get("message", {}) if st == 200 else {}
+    ok(m.get("reasoning_content") == reasoning[:reasoning.index(word)] and m.get("content") == ""
+       and j["choices"][0]["finish_reason"] == "stop", "tools_stop_in_reasoning", repr(raw[:400]))
+    st, events, done, raw, _ = s.stream("/v1/chat/completions", CHAT("weather?", max_tokens=64, stop=[word], stream=True))
+    rc = "".join(c["choices"][0]["delta"].get("reasoning_content") or "" for c in chunks_of(events) if c.get("choices"))
+    ok(done and rc == reasoning[:reasoning.index(word)], "tools_stream_stop_in_reasoning", repr(rc))
+
+
 GROUPS = {"basic": g_basic, "completions": g_completions, "chat": g_chat, "stream": g_stream, "errors": g_errors,
           "limits": g_limits, "cache": g_cache, "continuation": g_continuation, "nocache": g_nocache, "queue": g_queue, "disconnect": g_disconnect,
-          "sigterm": g_sigterm, "sigint": g_sigint, "invariance": g_invariance, "load": g_load}
+          "sigterm": g_sigterm, "sigint": g_sigint, "invariance": g_invariance, "load": g_load, "tools": g_tools}
 
 if __name__ == "__main__":
     g = GROUPS.get(sys.argv[1] if len(sys.argv) > 1 else "")

@@ -987,11 +987,13 @@ MV_ROW mv_row2_mxfp4(const uint8_t *w0, const uint8_t *w1, int n, const uint8_t 
 MV_ROW mv_rows_g(const Mat *W, int r0, int nr, const uint16_t *xb, size_t ldx, float *y, size_t ldy, const int G) {
     const int n = W->cols;
     switch (W->fmt) {
-    case WF_BF16:
-        /* One row at a time, also the wide ones (o_proj's 16384 columns, the dense down
-         * projection's 12288), whose x (24-32 KB in bf16) no longer stays in L1 beside the
-         * weight stream: several rows per pass (each x line loaded once for all of them)
-         * won on some hosts and lost on others; one row keeps a single stream per thread. */
+    case WF_BF16: {
+        /* One token: one row at a time, also the wide ones (o_proj's 16384 columns, the
+         * dense down projection's 12288), whose x (24-32 KB in bf16) no longer stays in L1
+         * beside the weight stream: several rows per pass (each x line loaded once for all
+         * of them) won on some hosts and lost on others; one row keeps a single stream per
+         * thread. Several tokens: their x are read from L2 for every row, so two rows share
+         * each load. */
         int i = 0;
         if (G > 1) /* several tokens: two rows per pass over their x */
             for (; i + 2 <= nr; i += 2)
@@ -999,6 +1001,7 @@ MV_ROW mv_rows_g(const Mat *W, int r0, int nr, const uint16_t *xb, size_t ldx, f
                              y + i, ldy, G);
         for (; i < nr; i++) mv_row_bf16((const uint16_t *)W->w + (size_t)(r0 + i) * n, n, xb, ldx, y + i, ldy, G);
         return;
+    }
     case WF_FP8: {
         const int nb = (n + 127) / 128;
         int i = 0;

@@ -395,7 +395,8 @@ static void test_blocks(const char *dir) {
             const Layer *L = &m.layers[l];
             fill_n(a, (size_t)n * H, 1.0f);
             memcpy(s.a, a, (size_t)n * H * 4);
-            attention(&m, L, &kv, &s, l, n, pos0);
+            const Span one = {&kv, 0, n, pos0};
+            attention(&m, L, &s, l, &one, 1, n);
             gpuk_attention(g, l, a, n, pos0, out, sel, nsel);
             double e = rel_rows(s.out, out, n, H);
             if (e > att_worst) att_worst = e;

@@ -5,7 +5,7 @@ WARN     = -std=c11 -Wall -Wextra
 OMP     ?= -fopenmp
 LIBS     = -lm -pthread
 SRC      = cli.c glm.c spec.c serve.c model.c fast.c simd.c tokenizer.c json.c http.c tools/bench.c tools/synth.c tools/convert.c \
-           tools/loadgen.c
+           tools/loadgen.c tools/plan.c
 HDR      = glm.h json.h tokenizer.h tokenizer_unicode.h http.h
 
 glm: $(SRC) $(HDR)

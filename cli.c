@@ -7,6 +7,7 @@
  *   glm bench    -m DIR                           speed against this machine (tools/bench.c)
  *   glm serve    -m DIR                           an OpenAI-compatible server (serve.c)
  *   glm loadgen  URL                              load on any OpenAI-compatible server (tools/loadgen.c)
+ *   glm plan     -m DIR | --glm52                 a GPU decode projection (tools/plan.c)
  *   glm tokenize, glm synth, glm convert          tokenizer.c, tools/synth.c, tools/convert.c
  *
  * This file knows flags, text and files; the model is glm.c's (Session, forward,
@@ -131,6 +132,7 @@ static void usage(FILE *f) {
                "  bench     speed against this machine's bandwidth and FMA peak\n"
                "  serve     an OpenAI-compatible HTTP server (continuous batching, prefix cache)\n"
                "  loadgen   load on an OpenAI-compatible server; throughput and latency percentiles\n"
+               "  plan      a GPU decode projection: bytes and launches per token, tok/s on a named GPU\n"
                "  synth     write a random checkpoint (the demo and benchmark models)\n"
                "  convert   a BF16 or FP8 checkpoint to Quark MXFP4\n"
                "  --version\n");
@@ -703,6 +705,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "convert")) return convert_main(argc - 1, argv + 1);
     if (!strcmp(cmd, "serve")) return serve_main(argc - 1, argv + 1);
     if (!strcmp(cmd, "loadgen")) return loadgen_main(argc - 1, argv + 1);
+    if (!strcmp(cmd, "plan")) return plan_main(argc - 1, argv + 1);
     static int (*const run[])(const Args *) = {cmd_run, cmd_chat, cmd_logits, cmd_compare, cmd_bench};
     for (int c = 0; c < (int)(sizeof COMMANDS / sizeof COMMANDS[0]); c++) {
         if (strcmp(cmd, COMMANDS[c].name)) continue;

@@ -430,6 +430,9 @@ void gpu_mtp_forward_keep(GpuModel *g, int mtp_pos, const float *hidden, const i
 void gpu_mtp_draft_shared(GpuModel *g, int mtp_pos, const float *h, int next, float *logits, float *out_hidden,
                           const int *sel, int n_sel);
 int gpu_sample(GpuModel *g, float temperature, float top_p, float u);
+/* Kernel launches so far (GLM_GPU_LAUNCHES=1: gpu_free prints the count; glm plan's
+ * launches per token are checked against it) */
+long gpu_launch_count(void);
 void gpu_free(GpuModel *g);
 
 /* ------------------------------------------------------------------------ */
@@ -552,6 +555,7 @@ void kernels_init(const char *want);   /* want "c" forces the plain loops, "avx2
 int synth_main(int argc, char **argv);   /* tools/synth.c */
 int serve_main(int argc, char **argv);   /* serve.c: glm serve */
 int loadgen_main(int argc, char **argv); /* tools/loadgen.c: glm loadgen */
+int plan_main(int argc, char **argv);    /* tools/plan.c: glm plan (a GPU decode projection) */
 int convert_main(int argc, char **argv); /* tools/convert.c */
 /* glm bench's settings (cli.c parses them; -t, --fp32 and --no-mmap are applied before) */
 typedef struct {

@@ -106,6 +106,11 @@ __device__ __forceinline__ int shfl_xor_any(int v, int m) { return shfl_xor_i32(
 
 #include <math.h>
 #include <stdint.h>
+
+/* Every launch is counted (gpu_launch_count): glm plan's launches per token
+ * (tools/plan.c) are checked against this count under the emulation. */
+static long g_launches;
+#define LAUNCHED(...) do { g_launches++; LAUNCH(__VA_ARGS__); } while (0)
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1251,7 +1256,10 @@ extern "C" GpuModel *gpu_load(const Model *m, int n_gpus, int ctx) {
     return g;
 }
 
+extern "C" long gpu_launch_count(void) { return g_launches; }
+
 extern "C" void gpu_free(GpuModel *g) {
+    if (getenv("GLM_GPU_LAUNCHES")) fprintf(stderr, "glm: gpu: %ld kernel launches\n", g_launches);
     if (!g) return;
     for (int d = 0; d < g->n_dev; d++) {
         GDev *D = &g->dev[d];
@@ -1272,17 +1280,17 @@ static unsigned blocks_for(size_t n) { size_t b = (n + BLOCK - 1) / BLOCK; retur
 /* matmul_rows: n tokens, nz independent products offset by zr rows / zx, zy floats. */
 static void matmul_rows(float *y, int ldy, const float *x, int ldx, const DMat &W, int r0, int nr, int n, int nz = 1, int zr = 0, int zx = 0, int zy = 0) {
     if (n == 1)
-        LAUNCH(k_gemv1, dim3((nr + GEMV_ROWS - 1) / GEMV_ROWS, 1, nz), dim3(BLOCK), 0, 0, W, x, ldx, y, ldy, r0, nr, zr, zx, zy);
+        LAUNCHED(k_gemv1, dim3((nr + GEMV_ROWS - 1) / GEMV_ROWS, 1, nz), dim3(BLOCK), 0, 0, W, x, ldx, y, ldy, r0, nr, zr, zx, zy);
     else if (n <= GEMV_MAXN)
-        LAUNCH(k_gemvn, dim3((nr + GEMV_ROWS - 1) / GEMV_ROWS, 1, nz), dim3(BLOCK), 0, 0, W, x, ldx, y, ldy, r0, nr, n, zr, zx, zy);
+        LAUNCHED(k_gemvn, dim3((nr + GEMV_ROWS - 1) / GEMV_ROWS, 1, nz), dim3(BLOCK), 0, 0, W, x, ldx, y, ldy, r0, nr, n, zr, zx, zy);
     else
-        LAUNCH(k_gemm, dim3((nr + TM - 1) / TM, (n + TN - 1) / TN, nz), dim3(BLOCK), 0, 0, W, x, ldx, y, ldy, r0, nr, n, zr, zx, zy);
+        LAUNCHED(k_gemm, dim3((nr + TM - 1) / TM, (n + TN - 1) / TN, nz), dim3(BLOCK), 0, 0, W, x, ldx, y, ldy, r0, nr, n, zr, zx, zy);
 }
 
 static void matmul(float *y, const float *x, const DMat &W, int n) { matmul_rows(y, W.rows, x, W.cols, W, 0, W.rows, n); }
 
 static void rmsnorm(float *y, const float *x, const float *w, int dim, int n, float eps) {
-    LAUNCH(k_rmsnorm, dim3(n), dim3(BLOCK), 0, 0, y, dim, x, dim, w, dim, eps);
+    LAUNCHED(k_rmsnorm, dim3(n), dim3(BLOCK), 0, 0, y, dim, x, dim, w, dim, eps);
 }
 
 /* indexer_select: queries, this chunk's keys into the cache, scores, top-k into sel. */
@@ -1292,22 +1300,22 @@ static void indexer_select(GpuModel *g, GDev *D, const GLayer *L, int n, int pos
     matmul(D->ix_q, D->cq, L->ix_wq_b, n);
     matmul(D->ix_k, D->a, L->ix_wk, n);
     matmul(D->ix_w, D->a, L->ix_weights, n);
-    LAUNCH(k_rope, dim3(n), dim3(BLOCK), 0, 0, D->ix_q, IH * ID, IH, ID, 0, c->qk_rope, pos0, (const float *)D->rope);
-    LAUNCH(k_ix_key, dim3(n), dim3(BLOCK), 0, 0, L->index_k, (const float *)D->ix_k, (const float *)L->ix_knorm_w, (const float *)L->ix_knorm_b, ID, c->qk_rope, pos0,
+    LAUNCHED(k_rope, dim3(n), dim3(BLOCK), 0, 0, D->ix_q, IH * ID, IH, ID, 0, c->qk_rope, pos0, (const float *)D->rope);
+    LAUNCHED(k_ix_key, dim3(n), dim3(BLOCK), 0, 0, L->index_k, (const float *)D->ix_k, (const float *)L->ix_knorm_w, (const float *)L->ix_knorm_b, ID, c->qk_rope, pos0,
            (const float *)D->rope);
     int vmax = pos0 + n;
     if (vmax > K)
-        LAUNCH(k_ix_scores, dim3((vmax + BLOCK - 1) / BLOCK, n), dim3(BLOCK), 0, 0, D->ix_scores, g->ctx, (const float *)D->ix_q, (const float *)D->ix_w,
+        LAUNCHED(k_ix_scores, dim3((vmax + BLOCK - 1) / BLOCK, n), dim3(BLOCK), 0, 0, D->ix_scores, g->ctx, (const float *)D->ix_q, (const float *)D->ix_w,
                (const float *)L->index_k, IH, ID, K, pos0);
-    LAUNCH(k_topk, dim3(n), dim3(BLOCK), 0, 0, (const float *)D->ix_scores, g->ctx, K, pos0, D->sel, D->n_sel);
+    LAUNCHED(k_topk, dim3(n), dim3(BLOCK), 0, 0, (const float *)D->ix_scores, g->ctx, K, pos0, D->sel, D->n_sel);
 }
 
 static void mla_attend_absorbed(GpuModel *g, GDev *D, const GLayer *L, int n) {
     const Config *c = &g->c;
     const int NH = c->n_heads, DN = c->qk_nope, DR = c->qk_rope, DV = c->v_head, KR = c->kv_lora_rank;
     const float scale = 1.0f / sqrtf((float)(DN + DR)); /* 1/sqrt(qk_head_dim) (pitfall 7) */
-    LAUNCH(k_q_absorb, dim3(NH, (KR + BLOCK - 1) / BLOCK), dim3(BLOCK), 0, 0, D->q_abs, (const float *)D->q, L->kv_b, n, NH, DN, DR, DV, KR);
-    LAUNCH(k_mla_attend, dim3(NH, n), dim3(BLOCK), 0, 0, D->o_lat, D->att_scores, (const float *)D->q_abs, (const float *)L->latent, (const int *)D->sel,
+    LAUNCHED(k_q_absorb, dim3(NH, (KR + BLOCK - 1) / BLOCK), dim3(BLOCK), 0, 0, D->q_abs, (const float *)D->q, L->kv_b, n, NH, DN, DR, DV, KR);
+    LAUNCHED(k_mla_attend, dim3(NH, n), dim3(BLOCK), 0, 0, D->o_lat, D->att_scores, (const float *)D->q_abs, (const float *)L->latent, (const int *)D->sel,
            (const int *)D->n_sel, NH, KR, DR, c->index_topk, scale);
     /* un-absorb: o_heads[t][h] = W_UV[h] · o_lat[t][h], all heads in one launch */
     matmul_rows(D->o_heads, NH * DV, D->o_lat, NH * KR, L->kv_b, DN, DV, n, NH, DN + DV, KR, DV);
@@ -1320,8 +1328,8 @@ static void attention(GpuModel *g, GDev *D, const GLayer *L, int n, int pos0) {
     rmsnorm(D->cq, D->cq, L->q_a_norm, QR, n, 1e-6f); /* eps 1e-6 for the q/kv latent norms (pitfall 4) */
     matmul(D->q, D->cq, L->q_b, n);
     matmul(D->ckv, D->a, L->kv_a, n);
-    LAUNCH(k_rope, dim3(n), dim3(BLOCK), 0, 0, D->q, NH * (DN + DR), NH, DN + DR, DN, DR, pos0, (const float *)D->rope);
-    LAUNCH(k_kv_append, dim3(n), dim3(BLOCK), 0, 0, L->latent, (const float *)D->ckv, (const float *)L->kv_a_norm, c->kv_lora_rank, DR, pos0, (const float *)D->rope);
+    LAUNCHED(k_rope, dim3(n), dim3(BLOCK), 0, 0, D->q, NH * (DN + DR), NH, DN + DR, DN, DR, pos0, (const float *)D->rope);
+    LAUNCHED(k_kv_append, dim3(n), dim3(BLOCK), 0, 0, L->latent, (const float *)D->ckv, (const float *)L->kv_a_norm, c->kv_lora_rank, DR, pos0, (const float *)D->rope);
     if (L->has_indexer) indexer_select(g, D, L, n, pos0);
     /* a shared layer keeps D->sel from the last full layer (IndexShare, §3.6) */
     mla_attend_absorbed(g, D, L, n);
@@ -1332,7 +1340,7 @@ static void swiglu(GDev *D, float *y, const float *x, const DMat &gate, const DM
     matmul(D->h1, x, gate, n);
     matmul(D->h2, x, up, n);
     size_t m = (size_t)n * gate.rows;
-    LAUNCH(k_silu_mul, dim3(blocks_for(m)), dim3(BLOCK), 0, 0, D->h1, (const float *)D->h2, m);
+    LAUNCHED(k_silu_mul, dim3(blocks_for(m)), dim3(BLOCK), 0, 0, D->h1, (const float *)D->h2, m);
     matmul(y, D->h1, down, n);
 }
 
@@ -1340,17 +1348,17 @@ static void moe(GpuModel *g, GDev *D, const GLayer *L, const float *x, float *y,
     const Config *c = &g->c;
     const int H = c->hidden, A = c->n_active, FI = c->moe_inter;
     matmul(D->router, x, L->router, n);
-    LAUNCH(k_moe_route, dim3(n), dim3(BLOCK), 0, 0, (const float *)D->router, (const float *)L->router_bias, D->route_scr, D->ex_idx, D->ex_w, c->n_experts, A,
+    LAUNCHED(k_moe_route, dim3(n), dim3(BLOCK), 0, 0, (const float *)D->router, (const float *)L->router_bias, D->route_scr, D->ex_idx, D->ex_w, c->n_experts, A,
            c->n_group, c->topk_group, c->norm_topk_prob, c->routed_scale);
     if (c->n_shared) swiglu(D, y, x, L->sh_gate, L->sh_up, L->sh_down, n); /* unscaled (pitfall 8) */
     else CHECK(hipMemsetAsync(y, 0, (size_t)n * H * sizeof(float), 0));
     const unsigned slots = (unsigned)(n * A);
-    LAUNCH(k_gemv_experts, dim3((FI + GEMV_ROWS - 1) / GEMV_ROWS, slots), dim3(BLOCK), 0, 0, (const DMat *)L->ex_gate, (const int *)D->ex_idx, x, H, A, D->eh1, FI, FI);
-    LAUNCH(k_gemv_experts, dim3((FI + GEMV_ROWS - 1) / GEMV_ROWS, slots), dim3(BLOCK), 0, 0, (const DMat *)L->ex_up, (const int *)D->ex_idx, x, H, A, D->eh2, FI, FI);
-    LAUNCH(k_silu_mul, dim3(blocks_for((size_t)slots * FI)), dim3(BLOCK), 0, 0, D->eh1, (const float *)D->eh2, (size_t)slots * FI);
-    LAUNCH(k_gemv_experts, dim3((H + GEMV_ROWS - 1) / GEMV_ROWS, slots), dim3(BLOCK), 0, 0, (const DMat *)L->ex_down, (const int *)D->ex_idx, (const float *)D->eh1, FI, 1,
+    LAUNCHED(k_gemv_experts, dim3((FI + GEMV_ROWS - 1) / GEMV_ROWS, slots), dim3(BLOCK), 0, 0, (const DMat *)L->ex_gate, (const int *)D->ex_idx, x, H, A, D->eh1, FI, FI);
+    LAUNCHED(k_gemv_experts, dim3((FI + GEMV_ROWS - 1) / GEMV_ROWS, slots), dim3(BLOCK), 0, 0, (const DMat *)L->ex_up, (const int *)D->ex_idx, x, H, A, D->eh2, FI, FI);
+    LAUNCHED(k_silu_mul, dim3(blocks_for((size_t)slots * FI)), dim3(BLOCK), 0, 0, D->eh1, (const float *)D->eh2, (size_t)slots * FI);
+    LAUNCHED(k_gemv_experts, dim3((H + GEMV_ROWS - 1) / GEMV_ROWS, slots), dim3(BLOCK), 0, 0, (const DMat *)L->ex_down, (const int *)D->ex_idx, (const float *)D->eh1, FI, 1,
            D->ex_y, H, H);
-    LAUNCH(k_moe_combine, dim3(n), dim3(BLOCK), 0, 0, y, (const float *)D->ex_y, (const float *)D->ex_w, A, H);
+    LAUNCHED(k_moe_combine, dim3(n), dim3(BLOCK), 0, 0, y, (const float *)D->ex_y, (const float *)D->ex_w, A, H);
 }
 
 /* The residual stream and the current selection move to the device of the next layer.
@@ -1380,11 +1388,11 @@ static void layer_forward(GpuModel *g, GDev *D, const GLayer *L, int dense, int 
     size_t nh = (size_t)B * H;
     rmsnorm(D->a, D->x, L->input_norm, H, B, c->rms_eps);
     attention(g, D, L, B, pos0);
-    LAUNCH(k_add, dim3(blocks_for(nh)), dim3(BLOCK), 0, 0, D->x, (const float *)D->out, nh);
+    LAUNCHED(k_add, dim3(blocks_for(nh)), dim3(BLOCK), 0, 0, D->x, (const float *)D->out, nh);
     rmsnorm(D->a, D->x, L->post_norm, H, B, c->rms_eps);
     if (dense) swiglu(D, D->out, D->a, L->gate, L->up, L->down, B);
     else moe(g, D, L, D->a, D->out, B);
-    LAUNCH(k_add, dim3(blocks_for(nh)), dim3(BLOCK), 0, 0, D->x, (const float *)D->out, nh);
+    LAUNCHED(k_add, dim3(blocks_for(nh)), dim3(BLOCK), 0, 0, D->x, (const float *)D->out, nh);
 }
 
 /* The output head of a chunk on the last device D (glm.c head(); the MTP layer's with
@@ -1422,7 +1430,7 @@ extern "C" void gpu_forward_hidden(GpuModel *g, int pos, const int *tokens, int 
         GDev *D = &g->dev[0];
         CHECK(hipSetDevice(0));
         CHECK(hipMemcpy(D->tokens, tokens + start, (size_t)B * sizeof(int), hipMemcpyHostToDevice));
-        LAUNCH(k_embed, dim3(B), dim3(BLOCK), 0, 0, g->embed, (const int *)D->tokens, D->x);
+        LAUNCHED(k_embed, dim3(B), dim3(BLOCK), 0, 0, g->embed, (const int *)D->tokens, D->x);
         for (int l = 0; l < c->n_layers; l++) {
             const GLayer *L = &g->layers[l];
             if (L->dev != D->id) { hand_over(g, D, &g->dev[L->dev], B); D = &g->dev[L->dev]; }
@@ -1462,9 +1470,9 @@ static void mtp_rows(GpuModel *g, int mtp_pos, const float *hidden, const int *n
         const size_t nh = (size_t)B * H;
         CHECK(hipSetDevice(D0->id));
         CHECK(hipMemcpy(D0->tokens, next + start, (size_t)B * sizeof(int), hipMemcpyHostToDevice));
-        if (D0 == D) LAUNCH(k_embed, dim3(B), dim3(BLOCK), 0, 0, g->embed, (const int *)D0->tokens, D->a);
+        if (D0 == D) LAUNCHED(k_embed, dim3(B), dim3(BLOCK), 0, 0, g->embed, (const int *)D0->tokens, D->a);
         else { /* device 0's scratch is free between forward passes */
-            LAUNCH(k_embed, dim3(B), dim3(BLOCK), 0, 0, g->embed, (const int *)D0->tokens, D0->out);
+            LAUNCHED(k_embed, dim3(B), dim3(BLOCK), 0, 0, g->embed, (const int *)D0->tokens, D0->out);
             CHECK(hipDeviceSynchronize());
             CHECK(hipSetDevice(D->id)); /* ROCm's peer copy does not wait for the destination's queued work (see hand_over) */
             CHECK(hipDeviceSynchronize());
@@ -1472,8 +1480,8 @@ static void mtp_rows(GpuModel *g, int mtp_pos, const float *hidden, const int *n
             CHECK(hipSetDevice(D->id));
         }
         CHECK(hipMemcpy(D->out, hidden + (size_t)start * H, nh * sizeof(float), hipMemcpyHostToDevice));
-        LAUNCH(k_rmsnorm, dim3(B), dim3(BLOCK), 0, 0, D->eh, 2 * H, (const float *)D->a, H, (const float *)P->enorm, H, c->rms_eps);
-        LAUNCH(k_rmsnorm, dim3(B), dim3(BLOCK), 0, 0, D->eh + H, 2 * H, (const float *)D->out, H, (const float *)P->hnorm, H, c->rms_eps);
+        LAUNCHED(k_rmsnorm, dim3(B), dim3(BLOCK), 0, 0, D->eh, 2 * H, (const float *)D->a, H, (const float *)P->enorm, H, c->rms_eps);
+        LAUNCHED(k_rmsnorm, dim3(B), dim3(BLOCK), 0, 0, D->eh + H, 2 * H, (const float *)D->out, H, (const float *)P->hnorm, H, c->rms_eps);
         matmul(D->x, D->eh, P->eh_proj, B);
         if (shared) { /* row 0 of the chunk's selection, which attention reads as it is */
             CHECK(hipMemcpy(D->sel, shared, (size_t)n_shared * sizeof(int), hipMemcpyHostToDevice));
@@ -1518,7 +1526,7 @@ extern "C" void gpu_mtp_draft_shared(GpuModel *g, int mtp_pos, const float *h, i
 extern "C" int gpu_sample(GpuModel *g, float temperature, float top_p, float u) {
     GDev *D = &g->dev[g->n_dev - 1];
     CHECK(hipSetDevice(D->id));
-    LAUNCH(k_sample, dim3(1), dim3(BLOCK), 0, 0, (const float *)D->logits, g->c.vocab_size, temperature, top_p, u, D->prob, D->cand, D->cand_n, D->sample_out);
+    LAUNCHED(k_sample, dim3(1), dim3(BLOCK), 0, 0, (const float *)D->logits, g->c.vocab_size, temperature, top_p, u, D->prob, D->cand, D->cand_n, D->sample_out);
     int tok;
     CHECK(hipMemcpy(&tok, D->sample_out, sizeof(int), hipMemcpyDeviceToHost));
     CHECK(hipGetLastError());
@@ -1567,7 +1575,7 @@ extern "C" void gpuk_embed(float *y, const Mat *E, const int *tokens, int n) {
     DMat d = dev_mat(E);
     int *dt = (int *)dev_copy(tokens, (size_t)n * sizeof(int));
     float *dy = (float *)dev_copy(NULL, (size_t)n * E->cols * sizeof(float));
-    LAUNCH(k_embed, dim3(n), dim3(BLOCK), 0, 0, d, (const int *)dt, dy);
+    LAUNCHED(k_embed, dim3(n), dim3(BLOCK), 0, 0, d, (const int *)dt, dy);
     host_copy(y, dy, (size_t)n * E->cols * sizeof(float));
     dev_mat_free(&d); dfree(dt); dfree(dy);
 }
@@ -1586,7 +1594,7 @@ extern "C" void gpuk_layernorm_rope(float *y, const float *x, const float *w, co
     CHECK(hipSetDevice(0));
     float *dx = (float *)dev_copy(x, (size_t)dim * 4), *dw = (float *)dev_copy(w, (size_t)dim * 4), *db = (float *)dev_copy(b, (size_t)dim * 4);
     float *dc = (float *)dev_copy(NULL, (size_t)(pos + 1) * dim * 4), *dt = (float *)dev_copy(table, (size_t)(pos + 1) * rope_dims * 4);
-    LAUNCH(k_ix_key, dim3(1), dim3(BLOCK), 0, 0, dc, (const float *)dx, (const float *)dw, (const float *)db, dim, rope_dims, pos, (const float *)dt);
+    LAUNCHED(k_ix_key, dim3(1), dim3(BLOCK), 0, 0, dc, (const float *)dx, (const float *)dw, (const float *)db, dim, rope_dims, pos, (const float *)dt);
     host_copy(y, dc + (size_t)pos * dim, (size_t)dim * 4);
     dfree(dx); dfree(dw); dfree(db); dfree(dc); dfree(dt);
 }
@@ -1595,7 +1603,7 @@ extern "C" void gpuk_layernorm_rope(float *y, const float *x, const float *w, co
 extern "C" void gpuk_rope(float *v, int nvec, int stride, int off, int dims, int pos, const float *table) {
     CHECK(hipSetDevice(0));
     float *dv = (float *)dev_copy(v, (size_t)nvec * stride * 4), *dt = (float *)dev_copy(table, (size_t)(pos + 1) * dims * 4);
-    LAUNCH(k_rope, dim3(1), dim3(BLOCK), 0, 0, dv, nvec * stride, nvec, stride, off, dims, pos, (const float *)dt);
+    LAUNCHED(k_rope, dim3(1), dim3(BLOCK), 0, 0, dv, nvec * stride, nvec, stride, off, dims, pos, (const float *)dt);
     host_copy(v, dv, (size_t)nvec * stride * 4);
     dfree(dv); dfree(dt);
 }
@@ -1605,7 +1613,7 @@ extern "C" void gpuk_topk(int *sel, const float *score, int n, int k) {
     CHECK(hipSetDevice(0));
     float *ds = (float *)dev_copy(score, (size_t)n * 4);
     int *dsel = (int *)dev_copy(NULL, (size_t)k * 4), *dn = (int *)dev_copy(NULL, 4);
-    LAUNCH(k_topk, dim3(1), dim3(BLOCK), 0, 0, (const float *)ds, n, k, n - 1, dsel, dn);
+    LAUNCHED(k_topk, dim3(1), dim3(BLOCK), 0, 0, (const float *)ds, n, k, n - 1, dsel, dn);
     host_copy(sel, dsel, (size_t)k * 4);
     dfree(ds); dfree(dsel); dfree(dn);
 }
@@ -1616,7 +1624,7 @@ extern "C" void gpuk_moe_route(int *idx, float *w, const Config *c, const float 
     float *dl = (float *)dev_copy(logits, (size_t)n * E * 4), *db = (float *)dev_copy(bias, (size_t)E * 4);
     float *ds = (float *)dev_copy(NULL, (size_t)n * (2 * E + c->n_group) * 4), *dw = (float *)dev_copy(NULL, (size_t)n * A * 4);
     int *di = (int *)dev_copy(NULL, (size_t)n * A * 4);
-    LAUNCH(k_moe_route, dim3(n), dim3(BLOCK), 0, 0, (const float *)dl, (const float *)db, ds, di, dw, E, A, c->n_group, c->topk_group, c->norm_topk_prob,
+    LAUNCHED(k_moe_route, dim3(n), dim3(BLOCK), 0, 0, (const float *)dl, (const float *)db, ds, di, dw, E, A, c->n_group, c->topk_group, c->norm_topk_prob,
            c->routed_scale);
     host_copy(idx, di, (size_t)n * A * 4);
     host_copy(w, dw, (size_t)n * A * 4);
@@ -1626,7 +1634,7 @@ extern "C" void gpuk_moe_route(int *idx, float *w, const Config *c, const float 
 extern "C" void gpuk_silu_mul(float *h1, const float *h2, int n) {
     CHECK(hipSetDevice(0));
     float *d1 = (float *)dev_copy(h1, (size_t)n * 4), *d2 = (float *)dev_copy(h2, (size_t)n * 4);
-    LAUNCH(k_silu_mul, dim3(blocks_for((size_t)n)), dim3(BLOCK), 0, 0, d1, (const float *)d2, (size_t)n);
+    LAUNCHED(k_silu_mul, dim3(blocks_for((size_t)n)), dim3(BLOCK), 0, 0, d1, (const float *)d2, (size_t)n);
     host_copy(h1, d1, (size_t)n * 4);
     dfree(d1); dfree(d2);
 }
@@ -1637,7 +1645,7 @@ extern "C" int gpuk_sample(const float *logits, int V, float temperature, float 
     while (P < V) P <<= 1;
     float *dl = (float *)dev_copy(logits, (size_t)V * 4), *dp = (float *)dev_copy(NULL, (size_t)V * 4);
     int *dc = (int *)dev_copy(NULL, (size_t)P * 4), *dout = (int *)dev_copy(NULL, 4), tok;
-    LAUNCH(k_sample, dim3(1), dim3(BLOCK), 0, 0, (const float *)dl, V, temperature, top_p, u, dp, dc, P, dout);
+    LAUNCHED(k_sample, dim3(1), dim3(BLOCK), 0, 0, (const float *)dl, V, temperature, top_p, u, dp, dc, P, dout);
     host_copy(&tok, dout, 4);
     dfree(dl); dfree(dp); dfree(dc); dfree(dout);
     return tok;

@@ -204,6 +204,18 @@ for args in "--temp 1 --top-p 0.9 --seed 7" "--temp 0.8 --top-p 1 --seed 3"; do
     else bad "run --gpu --draft 2 $args" "CPU '$a' vs GPU '$b'"; fi
 done
 
+# --- glm plan counts the launches glm_hip.hip makes ----------------------------------------------------
+# one token at a time over 20 positions (past the tiny models' index_topk, where the indexer's scoring
+# kernel starts), full and shared indexer layers, dense and MoE: the emulation's launch counter against
+# the sum of glm plan's launches per position
+for v in bf16 mixed ngroup; do
+    d=$OUT/$v
+    got=$(GLM_GPU_LAUNCHES=1 ./glm_emu64 logits --gpu --decode -m "$d" --ids "$(seq -s, 1 20)" -o "$OUT/plan_logits.bin" 2>&1 >/dev/null | sed -n 's/^glm: gpu: \([0-9]*\) kernel launches$/\1/p')
+    want=$("$CPU" plan -m "$d" --json 2>/dev/null | $PY -c "import json,sys; print(sum(json.load(sys.stdin)['launches_positions_0_31'][:20]))")
+    if [ -n "$got" ] && [ "$got" = "$want" ]; then ok "glm plan's launches = the emulation's count ($v, 20 one-token steps: $got)"
+    else bad "glm plan's launches ($v)" "emulation counted '${got}', glm plan says '${want}'"; fi
+done
+
 # --- errors -----------------------------------------------------------------------------------------
 d=$OUT/bf16
 GLM_EMU_DEVICE_MEM=2000000 ./glm_emu64 logits --gpus 2 -m "$d" --ids 1,2 -o "$OUT/x.bin" >/dev/null 2>"$OUT/err1"; rc=$?

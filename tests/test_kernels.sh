@@ -8,5 +8,5 @@ flags="-std=c11 -O2 -Wall -Wextra -fopenmp"
 [ "${SAN:-0}" = 1 ] && flags="$flags -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=undefined"
 ${CC:-cc} $flags -Dmain=glm_cli_main -o tests/out/kernels_test tests/kernels_test.c \
     cli.c glm.c spec.c serve.c model.c fast.c simd.c tokenizer.c json.c http.c tools/bench.c tools/synth.c tools/convert.c \
-    tools/loadgen.c -lm -pthread
+    tools/loadgen.c tools/plan.c -lm -pthread
 exec tests/out/kernels_test

@@ -1,0 +1,324 @@
+/* tools/plan.c - glm plan: what one decoded token costs on a GPU, projected.
+ *
+ *   glm plan -m DIR [--target mi355x] [--gpus N] [--eff F] [--launch-us U] [--json]
+ *   glm plan --glm52 [--format mxfp4|fp8|bf16] ...   GLM-5.2's shapes, no files needed
+ *
+ * A model, not a measurement. Decode reads every weight it uses once per token, so its
+ * time is bytes / (bandwidth x the efficiency the GEMVs reach) plus the launches x what a
+ * launch costs. The bytes are counted from the checkpoint's own tensors (or GLM-5.2's
+ * shapes in a release's formats), kernel class by kernel class, as glm_hip.hip's decode
+ * step reads them; the launches are counted from glm_hip.hip's code (plan_launches;
+ * tests/test_gpu_emu.sh checks the count against the emulation's launch counter). Layers
+ * split over --gpus N run one after another for one sequence (a pipeline), so more GPUs
+ * add memory, not single-stream speed. Speculative decoding (--draft N) is projected the
+ * same way: a verify pass reads the weights once for N+1 tokens plus the experts the
+ * extra tokens choose, a draft step reads the MTP layer and the lm_head (docs/MODEL.md §5).
+ */
+#include "../glm.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    const char *name, *card;
+    double hbm_gbs;          /* per device */
+    double mem_gb;           /* per device */
+    double launch_us;        /* a kernel launch back to back on one stream */
+} Target;
+
+/* Vendor figures for bandwidth and memory; launch costs as commonly measured for
+ * back-to-back launches on one stream (HIP costs more than CUDA). Override with flags. */
+static const Target TARGETS[] = {
+    {"mi355x", "AMD Instinct MI355X", 8000, 288, 5.0},
+    {"mi300x", "AMD Instinct MI300X", 5300, 192, 5.0},
+    {"h100", "NVIDIA H100 SXM", 3350, 80, 3.0},
+    {"h200", "NVIDIA H200", 4800, 141, 3.0},
+};
+
+/* The kernel classes of one decode step, as glm_hip.hip runs them. */
+enum { K_EMBED_HEAD, K_ATTN_PROJ, K_INDEXER, K_ATTEND, K_DENSE, K_MOE_SHARED, K_EXPERTS, K_SMALL, K_N };
+static const char *const K_NAMES[K_N] = {"embedding row + lm_head", "attention projections", "indexer (full layers)",
+                                         "MLA attention (cache rows)", "dense MLP", "MoE router + shared expert",
+                                         "routed experts", "norms, adds, RoPE, top-k, routing"};
+
+typedef struct {
+    double bytes[K_N];
+    int launches[K_N];
+} StepCost;
+
+static double mat(const Mat *W) { return (double)W->bytes; }
+
+/* glm_hip.hip's launches for one layer of a decode step at position pos (layer_forward:
+ * 2 RMSNorms, 2 adds; attention: q_a, its norm, q_b, kv_a, RoPE, the cache append, the
+ * absorb, the attention, the un-absorb, o_proj; a full layer's indexer: wq_b, wk,
+ * weights, RoPE, the key, the scores once the context passes index_topk, top-k; dense:
+ * gate, up, SiLU, down; MoE: the router, routing, the shared expert's 4, gate, up, SiLU
+ * and down of the routed experts, the combine). Kept in step with the code by the
+ * emulation's test. */
+static void plan_launches(const Config *c, int full, int dense, int pos, int *out) {
+    out[K_SMALL] += 4;                      /* rmsnorm, add, rmsnorm, add */
+    out[K_ATTN_PROJ] += 5;                  /* q_a, q_b, kv_a, un-absorb (kv_b), o */
+    out[K_SMALL] += 3;                      /* q_a norm, rope, kv append */
+    out[K_ATTEND] += 2;                     /* absorb, attend */
+    if (full) {
+        out[K_INDEXER] += 3 + (pos + 1 > c->index_topk); /* wq_b, wk, weights, scores */
+        out[K_SMALL] += 3;                  /* rope, key, top-k */
+    }
+    if (dense) { out[K_DENSE] += 3; out[K_SMALL] += 1; }
+    else {
+        out[K_MOE_SHARED] += 1 + (c->n_shared ? 3 : 0); /* router, shared gate/up/down */
+        out[K_SMALL] += 1 + (c->n_shared ? 1 : 0) + 2;  /* routing, shared SiLU, expert SiLU, combine */
+        out[K_EXPERTS] += 3;
+    }
+}
+
+/* Bytes and launches of one decode step of n_tok tokens at positions pos.. (n_tok > 1:
+ * a verify pass; the experts are those n_tok tokens choose, independently, on average). */
+static StepCost step_cost(const Model *m, int pos, int n_tok) {
+    const Config *c = &m->cfg;
+    StepCost s;
+    memset(&s, 0, sizeof s);
+    const double AD = c->kv_lora_rank + c->qk_rope;
+    s.bytes[K_EMBED_HEAD] = n_tok * mat(&m->embed) / m->embed.rows + mat(&m->lm_head);
+    s.launches[K_EMBED_HEAD] = 2;           /* embed, lm_head */
+    s.launches[K_SMALL] += 1;               /* the final norm */
+    const double distinct = c->n_experts * (1 - pow(1 - (double)c->n_active / c->n_experts, n_tok)); /* experts touched */
+    for (int l = 0; l < c->n_layers; l++) {
+        const Layer *L = &m->layers[l];
+        const int visible = pos + n_tok, n_sel = visible < c->index_topk ? visible : c->index_topk;
+        s.bytes[K_ATTN_PROJ] += mat(&L->q_a) + mat(&L->q_b) + mat(&L->kv_a) + mat(&L->kv_b) + mat(&L->o);
+        if (L->has_indexer)
+            s.bytes[K_INDEXER] += mat(&L->ix_wq_b) + mat(&L->ix_wk) + mat(&L->ix_weights) + (visible > c->index_topk ? (double)visible * c->index_head_dim * 4 : 0);
+        s.bytes[K_ATTEND] += n_tok * (double)n_sel * AD * 4;
+        if (L->dense) s.bytes[K_DENSE] += mat(&L->gate) + mat(&L->up) + mat(&L->down);
+        else {
+            double ex = 0;
+            for (int e = 0; e < c->n_experts; e++) ex += mat(&L->ex_gate[e]) + mat(&L->ex_up[e]) + mat(&L->ex_down[e]);
+            s.bytes[K_MOE_SHARED] += mat(&L->router) + mat(&L->sh_gate) + mat(&L->sh_up) + mat(&L->sh_down);
+            s.bytes[K_EXPERTS] += distinct * ex / c->n_experts;
+        }
+        plan_launches(c, L->has_indexer, L->dense, pos + n_tok - 1, s.launches);
+    }
+    return s;
+}
+
+/* The MTP draft step: its layer (one row) and the shared lm_head. */
+static StepCost draft_cost(const Model *m) {
+    StepCost s;
+    memset(&s, 0, sizeof s);
+    const Config *c = &m->cfg;
+    const Layer *L = &m->mtp->layer;
+    double ex = 0;
+    for (int e = 0; e < c->n_experts; e++) ex += mat(&L->ex_gate[e]) + mat(&L->ex_up[e]) + mat(&L->ex_down[e]);
+    s.bytes[K_ATTN_PROJ] = mat(&m->mtp->eh_proj) + mat(&L->q_a) + mat(&L->q_b) + mat(&L->kv_a) + mat(&L->kv_b) + mat(&L->o) +
+                           mat(&L->ix_wq_b) + mat(&L->ix_wk) + mat(&L->ix_weights);
+    s.bytes[K_EXPERTS] = c->n_active * ex / c->n_experts + mat(&L->router) + mat(&L->sh_gate) + mat(&L->sh_up) + mat(&L->sh_down);
+    s.bytes[K_EMBED_HEAD] = mat(&m->lm_head) + mat(&m->embed) / m->embed.rows;
+    s.launches[K_SMALL] = 5;                /* embed, two norms, eh_proj, head norm */
+    plan_launches(c, 1, 0, 0, s.launches);
+    s.launches[K_EMBED_HEAD] = 1;
+    return s;
+}
+
+typedef struct {
+    const Target *t;
+    int gpus;
+    double eff, launch_us;
+} Machine;
+
+static double total(const double *v, int n) { double s = 0; for (int i = 0; i < n; i++) s += v[i]; return s; }
+static int total_i(const int *v, int n) { int s = 0; for (int i = 0; i < n; i++) s += v[i]; return s; }
+
+/* Seconds of one step on the machine: its bytes at eff x bandwidth, plus its launches. */
+static double step_seconds(const StepCost *s, const Machine *M, int launches) {
+    return total(s->bytes, K_N) / (M->t->hbm_gbs * 1e9 * M->eff) + launches * M->launch_us * 1e-6;
+}
+
+/* ------------------------------------------------------------------------ */
+/* GLM-5.2's shapes (docs/MODEL.md §1.1) in a release's formats, without its files. */
+
+static Mat shape(WeightFormat f, int rows, int cols) {
+    Mat W = {.fmt = f, .rows = rows, .cols = cols};
+    const double n = (double)rows * cols;
+    W.bytes = (size_t)(f == WF_BF16 ? 2 * n : f == WF_FP8 ? n + 4.0 * ((rows + 127) / 128) * ((cols + 127) / 128) : n / 2 + n / 32);
+    return W;
+}
+
+/* mxfp4: amd/GLM-5.2-MXFP4 (routed experts MXFP4, everything else BF16); fp8: the FP8
+ * release (every linear layer FP8 with 128x128 scales, embedding and lm_head BF16);
+ * bf16: the original. */
+static void glm52_model(Model *m, const char *format) {
+    memset(m, 0, sizeof *m);
+    Config *c = &m->cfg;
+    *c = (Config){.vocab_size = 154880, .hidden = 6144, .n_layers = 78, .n_mtp = 1, .n_heads = 64, .q_lora_rank = 2048,
+                  .kv_lora_rank = 512, .qk_nope = 192, .qk_rope = 64, .v_head = 256, .index_n_heads = 32, .index_head_dim = 128,
+                  .index_topk = 2048, .n_experts = 256, .n_active = 8, .n_shared = 1, .moe_inter = 2048, .dense_inter = 12288};
+    const int mx = !strcmp(format, "mxfp4"), fp8 = !strcmp(format, "fp8");
+    const WeightFormat lin = fp8 ? WF_FP8 : WF_BF16, ex = mx ? WF_MXFP4 : lin;
+    const int H = c->hidden, NH = c->n_heads;
+    m->embed = shape(WF_BF16, c->vocab_size, H);
+    m->lm_head = shape(WF_BF16, c->vocab_size, H);
+    m->layers = xcalloc((size_t)c->n_layers + 1, sizeof(Layer));
+    for (int l = 0; l <= c->n_layers; l++) { /* the last one: the MTP layer's */
+        Layer *L = &m->layers[l];
+        c->dense[l] = l < 3;
+        c->full_index[l] = l < c->n_layers && (l < 3 || (l - 2) % 4 == 0); /* 21 full layers: 0, 1, 2, 6, ..., 74 (docs/MODEL.md §1) */
+        L->dense = l < c->n_layers && c->dense[l];
+        L->has_indexer = l == c->n_layers || c->full_index[l];
+        L->q_a = shape(lin, c->q_lora_rank, H);
+        L->q_b = shape(lin, NH * (c->qk_nope + c->qk_rope), c->q_lora_rank);
+        L->kv_a = shape(lin, c->kv_lora_rank + c->qk_rope, H);
+        L->kv_b = shape(lin, NH * (c->qk_nope + c->v_head), c->kv_lora_rank);
+        L->o = shape(lin, H, NH * c->v_head);
+        if (L->has_indexer) {
+            L->ix_wq_b = shape(lin, c->index_n_heads * c->index_head_dim, c->q_lora_rank);
+            L->ix_wk = shape(lin, c->index_head_dim, H);
+            L->ix_weights = shape(WF_BF16, c->index_n_heads, H);
+        }
+        if (L->dense) { L->gate = L->up = shape(lin, c->dense_inter, H); L->down = shape(lin, H, c->dense_inter); continue; }
+        L->router = shape(WF_F32, c->n_experts, H);
+        L->router.bytes = (size_t)c->n_experts * H * 4;
+        L->sh_gate = L->sh_up = shape(lin, c->moe_inter, H);
+        L->sh_down = shape(lin, H, c->moe_inter);
+        L->ex_gate = xmalloc((size_t)c->n_experts * sizeof(Mat));
+        L->ex_up = xmalloc((size_t)c->n_experts * sizeof(Mat));
+        L->ex_down = xmalloc((size_t)c->n_experts * sizeof(Mat));
+        for (int e = 0; e < c->n_experts; e++) {
+            L->ex_gate[e] = L->ex_up[e] = shape(ex, c->moe_inter, H);
+            L->ex_down[e] = shape(ex, H, c->moe_inter);
+        }
+    }
+    for (int l = 0; l < c->n_layers; l++) m->n_index_layers += c->full_index[l];
+    static Mtp mtp;
+    mtp.layer = m->layers[c->n_layers];
+    mtp.eh_proj = shape(lin, H, 2 * H);
+    m->mtp = &mtp;
+}
+
+static void glm52_free(Model *m) {
+    for (int l = 0; l <= m->cfg.n_layers; l++) { free(m->layers[l].ex_gate); free(m->layers[l].ex_up); free(m->layers[l].ex_down); }
+    free(m->layers);
+}
+
+/* ------------------------------------------------------------------------ */
+
+static void print_step(const char *what, const StepCost *s, const Machine *M, int launches_per_layer_cap, const Config *c, int json,
+                       int first) {
+    const int L = total_i(s->launches, K_N);
+    const int capped = launches_per_layer_cap ? launches_per_layer_cap * c->n_layers + 4 : L;
+    const double t = step_seconds(s, M, L), tc = step_seconds(s, M, capped), tb = total(s->bytes, K_N) / (M->t->hbm_gbs * 1e9);
+    if (json) {
+        printf("%s\"%s\": {\"gb\": %.4f, \"launches\": %d, \"ms\": %.4f, \"tok_s\": %.2f, \"tok_s_6_launches_per_layer\": %.2f, "
+               "\"tok_s_bandwidth_bound\": %.2f}", first ? "" : ", ", what, total(s->bytes, K_N) / 1e9, L, t * 1e3, 1 / t, 1 / tc, 1 / tb);
+        return;
+    }
+    printf("  %s: %.2f GB and %d launches per token (%.1f per layer)\n", what, total(s->bytes, K_N) / 1e9, L, (double)L / c->n_layers);
+    for (int k = 0; k < K_N; k++)
+        printf("    %-30s %8.3f GB  %5d launches  %7.3f ms\n", K_NAMES[k], s->bytes[k] / 1e9, s->launches[k],
+               (s->bytes[k] / (M->t->hbm_gbs * 1e9 * M->eff) + s->launches[k] * M->launch_us * 1e-6) * 1e3);
+    printf("    => %.2f ms: %.1f tok/s; with <= 6 launches per layer %.1f tok/s; the bandwidth alone %.1f tok/s\n", t * 1e3, 1 / t, 1 / tc,
+           1 / tb);
+}
+
+static const double ACCEPT[] = {0.6, 0.7, 0.8, 0.9};
+
+static void print_spec(const Model *m, const Machine *M, int pos, int json) {
+    const StepCost d0 = step_cost(m, pos, 1), dr = draft_cost(m);
+    const double t1 = step_seconds(&d0, M, total_i(d0.launches, K_N)), c = step_seconds(&dr, M, total_i(dr.launches, K_N)) / t1;
+    double r[5];
+    for (int N = 1; N <= 4; N++) {
+        StepCost v = step_cost(m, pos, N + 1);
+        r[N] = step_seconds(&v, M, total_i(v.launches, K_N)) / t1;
+    }
+    if (json) printf(", \"spec\": {\"verify_cost\": [%.4f, %.4f, %.4f, %.4f], \"draft_cost\": %.4f, \"speedup\": {", r[1], r[2], r[3], r[4], c);
+    else printf("  --draft N (MTP): verify pass r(N) = %.2f %.2f %.2f %.2f decode steps (N = 1..4), a draft step c = %.2f\n", r[1], r[2], r[3], r[4], c);
+    for (int i = 0; i < 4; i++) {
+        const double a = ACCEPT[i];
+        if (json) printf("%s\"%.1f\": [", i ? ", " : "", a);
+        else printf("    projected speedup at acceptance %.1f:", a);
+        for (int N = 1; N <= 4; N++) {
+            const double s = (1 - pow(a, N + 1)) / ((1 - a) * (r[N] + N * c));
+            printf(json ? "%s%.3f" : "%s %.2f", json && N > 1 ? ", " : "", s);
+        }
+        printf(json ? "]" : " (N = 1..4)\n");
+    }
+    if (json) printf("}}");
+}
+
+int plan_main(int argc, char **argv) {
+    const char *dir = NULL, *format = "mxfp4", *target = "mi355x";
+    int gpus = 1, json = 0, glm52 = 0;
+    double eff = 0.75, launch_us = -1;
+    static const char usage[] =
+        "usage: glm plan (-m DIR | --glm52) [--format mxfp4|fp8|bf16] [--target NAME] [--gpus N] [--eff F] [--launch-us U] [--json]\n"
+        "  A projection, not a measurement: a decoded token's bytes and kernel launches on the GPU path\n"
+        "  (glm_hip.hip), class by class, and the decode tok/s they imply at context 1024 and 8192 on a\n"
+        "  named GPU; with the MTP layer, the projected speedup of --draft N.\n"
+        "  -m DIR            a checkpoint: its tensors' own bytes (nothing is read but the headers)\n"
+        "  --glm52           GLM-5.2's shapes instead, in a release's formats (--format; default mxfp4 =\n"
+        "                    amd/GLM-5.2-MXFP4: routed experts MXFP4, the rest BF16)\n"
+        "  --target NAME     mi355x (default), mi300x, h100, h200\n"
+        "  --gpus N          devices the layers are split over (a pipeline: memory, not single-stream speed)\n"
+        "  --eff F           the fraction of HBM bandwidth the kernels reach (default 0.75: issue 32's target)\n"
+        "  --launch-us U     one kernel launch in microseconds (default: the target's)\n"
+        "  --json            one JSON object\n"
+        "  -h, --help        this text";
+    for (int i = 1; i < argc; i++) {
+        const char *f = argv[i];
+        if (!strcmp(f, "-h") || !strcmp(f, "--help")) { puts(usage); return 0; }
+        if (!strcmp(f, "--json")) { json = 1; continue; }
+        if (!strcmp(f, "--glm52")) { glm52 = 1; continue; }
+        if (strcmp(f, "-m") && strcmp(f, "--format") && strcmp(f, "--target") && strcmp(f, "--gpus") && strcmp(f, "--eff") && strcmp(f, "--launch-us"))
+            glm_fatal("plan: unknown flag '%s' (see glm plan --help)", f);
+        if (i + 1 >= argc) glm_fatal("%s: missing value", f);
+        const char *v = argv[++i];
+        char *end;
+        if (!strcmp(f, "-m")) dir = v;
+        else if (!strcmp(f, "--format")) {
+            if (strcmp(v, "mxfp4") && strcmp(v, "fp8") && strcmp(v, "bf16")) glm_fatal("--format %s: expected mxfp4, fp8 or bf16", v);
+            format = v;
+        } else if (!strcmp(f, "--target")) target = v;
+        else if (!strcmp(f, "--gpus")) { long x = strtol(v, &end, 10); if (!*v || *end || x < 1 || x > 64) glm_fatal("--gpus %s: expected 1..64", v); gpus = (int)x; }
+        else if (!strcmp(f, "--eff")) { eff = strtod(v, &end); if (!*v || *end || !(eff > 0 && eff <= 1)) glm_fatal("--eff %s: expected a fraction in (0, 1]", v); }
+        else { launch_us = strtod(v, &end); if (!*v || *end || !(launch_us >= 0 && launch_us < 1e6)) glm_fatal("--launch-us %s: expected microseconds >= 0", v); }
+    }
+    if (!dir == !glm52) glm_fatal("plan: give a checkpoint (-m DIR) or --glm52 (see glm plan --help)");
+    const Target *t = NULL;
+    for (size_t i = 0; i < sizeof TARGETS / sizeof *TARGETS; i++) if (!strcmp(target, TARGETS[i].name)) t = &TARGETS[i];
+    if (!t) glm_fatal("--target %s: expected mi355x, mi300x, h100 or h200", target);
+    Machine M = {t, gpus, eff, launch_us >= 0 ? launch_us : t->launch_us};
+    Model m;
+    if (glm52) glm52_model(&m, format);
+    else model_load(&m, dir);
+    const Config *c = &m.cfg;
+    const double weights_gb = glm52 ? 0 : m.weight_bytes / 1e9;
+    const int ctxs[] = {1024, 8192};
+    if (json) printf("{\"model\": \"%s\", \"target\": \"%s\", \"gpus\": %d, \"hbm_gbs\": %.0f, \"eff\": %.3f, \"launch_us\": %.2f, "
+                     "\"launches_decode_step_pos0\": %d, ",
+                     glm52 ? "GLM-5.2" : dir, t->name, gpus, t->hbm_gbs, eff, M.launch_us, total_i(step_cost(&m, 0, 1).launches, K_N));
+    if (json) { /* one-token steps at positions 0..31 (the emulation's test sums them) */
+        printf("\"launches_positions_0_31\": [");
+        for (int p = 0; p < 32; p++) printf("%s%d", p ? ", " : "", total_i(step_cost(&m, p, 1).launches, K_N));
+        printf("], ");
+    }
+    else {
+        printf("glm plan: %s%s%s on %s x %d: %.0f GB/s HBM per device, kernels at %.0f%% of it, %.1f us per launch\n",
+               glm52 ? "GLM-5.2 (" : dir, glm52 ? format : "", glm52 ? " release layout)" : "", t->card, gpus, t->hbm_gbs, 100 * eff, M.launch_us);
+        printf("  (a model, not a measurement; one sequence; with --gpus N the layers run one device after another)\n");
+        if (weights_gb > 0) printf("  weights %.1f GB: %.0f%% of %d x %.0f GB\n", weights_gb, 100 * weights_gb / (gpus * t->mem_gb), gpus, t->mem_gb);
+    }
+    for (int i = 0; i < 2; i++) {
+        char what[64];
+        snprintf(what, sizeof what, json ? "context_%d" : "decode at context %d", ctxs[i]);
+        StepCost s = step_cost(&m, ctxs[i], 1);
+        print_step(what, &s, &M, 6, c, json, i == 0);
+    }
+    if (m.mtp) print_spec(&m, &M, 1024, json);
+    else if (!json) printf("  --draft N: no MTP layer in this checkpoint\n");
+    if (json) printf("}\n");
+    if (glm52) glm52_free(&m);
+    else model_free(&m);
+    return 0;
+}

@@ -77,8 +77,9 @@ static const char SERVE_USAGE[] =
     "  -t N              threads (default: one per core)\n"
     "  --bf16 / --fp32   activations of the weight products (default bf16; GLM_PRECISION)\n"
     "  -h, --help        this text\n"
-    "Request fields: model, messages | prompt (text or token ids), max_tokens (max_completion_tokens),\n"
-    "temperature, top_p, seed, stop, n (1), stream, stream_options.include_usage, ignore_eos;\n"
+    "Request fields: model, messages | prompt (text or token ids), max_tokens (max_completion_tokens;\n"
+    "default: until the context is full), temperature and top_p (default 1 and 1, as OpenAI's), seed,\n"
+    "stop, n (1), stream, stream_options.include_usage, ignore_eos, logprobs (the chosen token's);\n"
     "chat: tools, enable_thinking or chat_template_kwargs.enable_thinking or thinking.type\n"
     "(\"enabled\"/\"disabled\"), reasoning_effort (\"high\" = High, else Max). The reasoning comes back\n"
     "in reasoning_content, the answer in content, tool calls in tool_calls.";

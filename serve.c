@@ -50,6 +50,7 @@ typedef struct {
     const char *model_dir, *host, *api_key, *tokenizer, *alias;
     int port, ctx, parallel, chunk, queue, threads, bf16;
     int n_gpus;               /* --gpu / --gpus N: the GPU path (one sequence at a time) */
+    int cache_unit;           /* cache hits are multiples of this: lcm(chunk, CACHE_BLOCK) */
     double cache_mb;          /* prefix cache budget; < 0 = sized from memory */
     size_t max_body;
 } ServeArgs;
@@ -174,7 +175,8 @@ static size_t cache_block_bytes(const Model *m) {
 static void cache_init(PrefixCache *pc, const Model *m, size_t budget) {
     memset(pc, 0, sizeof *pc);
     pc->block_bytes = cache_block_bytes(m);
-    pc->cap = (int)(budget / pc->block_bytes);
+    const size_t blocks = budget / pc->block_bytes;
+    pc->cap = blocks > (1u << 30) ? 1 << 30 : (int)blocks;
     pc->block = xcalloc(pc->cap ? (size_t)pc->cap : 1, sizeof(CacheBlock));
     pc->next_id = 1;
 }
@@ -360,7 +362,7 @@ static void admit(void) {
         sl->job = j;
         sl->kv.pos = sl->kv.mtp_pos = 0;
         /* whole chunks only (see engine_step), and not the last token: its logits are needed */
-        const int C = g.args.chunk, hit = cache_match(&g.cache, j->prompt, j->n_prompt - 1) / C * C;
+        const int unit = g.args.cache_unit, hit = cache_match(&g.cache, j->prompt, j->n_prompt - 1) / unit * unit;
         sl->last_block = cache_load(&g.cache, &g.model, j->prompt, hit, &sl->kv);
         sl->n_fed = sl->kv.pos = hit;
         sl->n_blocks = sl->n_fed / CACHE_BLOCK;
@@ -477,11 +479,10 @@ static int engine_step(void) {
             float *lg = g.logits + (size_t)k * V;
             const float lse = log_sum_exp(lg, V); /* before sample() turns lg into probabilities */
             const int tok = sl->job->temperature > 0 ? -1 : argmax(lg, V);
-            const float greedy_logit = tok >= 0 ? lg[tok] : 0;
             if (tok < 0) memcpy(g.scratch, lg, (size_t)V * sizeof(float));
             int t = tok >= 0 ? tok : sample(&sl->sp, lg, V);
             if (g.script) t = sl->job->n_gen < g.n_script ? g.script[sl->job->n_gen] : g.model.cfg.eos[0];
-            take_token(sl, t, (g.script ? lg[t] : tok >= 0 ? greedy_logit : g.scratch[t]) - lse);
+            take_token(sl, t, (tok >= 0 ? lg[t] : g.scratch[t]) - lse); /* greedy: lg is untouched */
         }
     }
     pthread_mutex_unlock(&g.mu);
@@ -572,11 +573,16 @@ static int get_bool(const JsonValue *root, const char *key, int *out, ReqError *
 static int get_stop(const JsonValue *root, Params *p, ReqError *e) {
     const JsonValue *v = json_get(root, "stop");
     if (!v || v->type == JSON_NULL) return 0;
-    if (v->type == JSON_STRING) { if (v->str_len) p->stop[p->n_stop++] = xstrdup(v->str); return 0; }
+    if (v->type == JSON_STRING) {
+        if (strlen(v->str) != v->str_len) return req_error(e, 400, "stop", "stop: U+0000 in a stop string");
+        if (v->str_len) p->stop[p->n_stop++] = xstrdup(v->str);
+        return 0;
+    }
     if (v->type != JSON_ARRAY) return req_error(e, 400, "stop", "stop: expected a string or an array of strings");
     if (v->n > 4) return req_error(e, 400, "stop", "stop: at most 4 strings");
     for (const JsonValue *s = v->child; s; s = s->next) {
         if (s->type != JSON_STRING) return req_error(e, 400, "stop", "stop: expected strings");
+        if (strlen(s->str) != s->str_len) return req_error(e, 400, "stop", "stop: U+0000 in a stop string");
         if (s->str_len) p->stop[p->n_stop++] = xstrdup(s->str);
     }
     return 0;
@@ -682,7 +688,8 @@ typedef struct {
     Buf text;                 /* everything decoded so far (cut at a stop string) */
     size_t sent;              /* bytes of text already sent */
     int stopped;              /* a stop string matched */
-    long think_end;           /* offset of "</think>" in text, -1 not yet (or not thinking: 0 and no marker) */
+    int thinking;             /* the output starts as reasoning (chat, thinking on) */
+    long think_end;           /* thinking: offset of "</think>" in text, -1 not yet */
     size_t hold;              /* bytes kept back while they may start a stop string or a marker */
 } Output;
 
@@ -692,7 +699,8 @@ static void output_init(Output *o, const Params *p) {
     memset(o, 0, sizeof *o);
     tokenizer_stream_init(&o->ts);
     o->piece = xmalloc(tokenizer_stream_out_max(g.tok));
-    o->think_end = p->chat && p->thinking ? -1 : 0;
+    o->thinking = p->chat && p->thinking;
+    o->think_end = -1;
     size_t h = 0;
     for (int i = 0; i < p->n_stop; i++) if (strlen(p->stop[i]) - 1 > h) h = strlen(p->stop[i]) - 1;
     if (p->chat && p->thinking && h < sizeof THINK_END - 2) h = sizeof THINK_END - 2;
@@ -716,7 +724,7 @@ static void output_add(Output *o, const Params *p, const int *ids, int n, int fi
         char *hit = memmem(o->text.p + start, o->text.len - start, p->stop[s], L);
         if (hit) { o->text.len = (size_t)(hit - o->text.p); o->text.p[o->text.len] = 0; o->stopped = 1; }
     }
-    if (o->think_end < 0 && o->text.len) {
+    if (o->thinking && o->think_end < 0 && o->text.len) {
         char *m = memmem(o->text.p, o->text.len, THINK_END, sizeof THINK_END - 1);
         if (m) o->think_end = m - o->text.p;
     }
@@ -728,8 +736,8 @@ static void output_add(Output *o, const Params *p, const int *ids, int n, int fi
 static size_t output_ready(const Output *o, const Params *p, int final) {
     size_t end = o->text.len;
     if (!final) end = end > o->hold ? end - o->hold : 0;
-    if (p->tools && o->think_end >= 0) {
-        size_t a0 = o->think_end ? (size_t)o->think_end + sizeof THINK_END - 1 : 0;
+    if (p->tools && (!o->thinking || o->think_end >= 0)) {
+        size_t a0 = o->thinking ? (size_t)o->think_end + sizeof THINK_END - 1 : 0;
         if (o->text.len > a0) {
             char *m = memmem(o->text.p + a0, o->text.len - a0, TOOL_CALL, sizeof TOOL_CALL - 1);
             if (m && (size_t)(m - o->text.p) < end) end = (size_t)(m - o->text.p);
@@ -743,7 +751,7 @@ static size_t output_ready(const Output *o, const Params *p, int final) {
  * "</think>" marker itself is in neither). */
 static void split_reasoning(const Output *o, size_t a, size_t b, size_t *r0, size_t *r1, size_t *c0, size_t *c1) {
     size_t te = o->think_end < 0 ? (size_t)-1 : (size_t)o->think_end, ae = te == (size_t)-1 ? te : te + sizeof THINK_END - 1;
-    if (o->think_end == 0) te = ae = 0; /* not thinking: all answer */
+    if (!o->thinking) te = ae = 0; /* not thinking: all answer */
     *r0 = a; *r1 = b < te ? b : te;
     if (*r1 < *r0) *r1 = *r0;
     *c0 = a > ae ? a : ae; *c1 = b;
@@ -790,9 +798,13 @@ static int final_answer(const Output *o, const Params *p, ChatToolCalls *tc) {
     return tc->n_calls > 0;
 }
 
+/* "cancel" is the engine's word for a job its connection stopped (a stop string, or a
+ * client that left and never reads it): "stop" to the client. "abort": the server is
+ * shutting down (documented; OpenAI has no word for it). */
 static const char *finish_reason(const Output *o, const Job *j, int calls) {
     if (calls) return "tool_calls";
-    return o->stopped ? "stop" : j->finish;
+    if (o->stopped || !j->finish || !strcmp(j->finish, "cancel")) return "stop";
+    return j->finish;
 }
 
 /* The generated tokens' log-probabilities: chat's {"content": [...]} or the completions'
@@ -959,12 +971,16 @@ static int job_wait(Job *j, int fd, int watch_peer, int **ids, int *cap, int *ha
         if (watch_peer && !j->done && http_peer_closed(fd)) job_cancel(j);
     }
     int n = j->n_out - *have;
-    if (n > *cap) { *cap = n > 2 * *cap ? n : 2 * *cap; *ids = realloc(*ids, (size_t)*cap * sizeof(int)); }
-    if (n && *ids) memcpy(*ids, j->out + *have, (size_t)n * sizeof(int));
-    *have = j->n_out;
+    if (n > *cap) {
+        int want = n > 2 * *cap ? n : 2 * *cap, *grown = realloc(*ids, (size_t)want * sizeof(int));
+        if (!grown) { job_cancel(j); n = 0; } /* out of memory: the job ends with what was sent */
+        else { *ids = grown; *cap = want; }
+    }
+    if (n) memcpy(*ids, j->out + *have, (size_t)n * sizeof(int));
+    *have += n;
     *done = j->done;
     pthread_mutex_unlock(&g.mu);
-    return *ids || !n ? n : 0;
+    return n;
 }
 
 static void send_event(int fd, Buf *b, int *ok) {
@@ -974,7 +990,7 @@ static void send_event(int fd, Buf *b, int *ok) {
 
 /* Streams the job as Server-Sent Events. Returns 0, or -1 when the client went away. */
 static int stream_job(int fd, Job *j, const Params *p, Output *o) {
-    if (http_sse_start(fd)) return -1;
+    if (http_sse_start(fd)) { job_stop(j); return -1; }
     int *ids = NULL, cap = 0, have = 0, done = 0, ok = 1, first = 1;
     Buf b = {0};
     while (ok && !done) {
@@ -990,6 +1006,11 @@ static int stream_job(int fd, Job *j, const Params *p, Output *o) {
     /* the end: tool calls (held back), the finish reason, usage */
     ChatToolCalls tc = {0};
     int calls = p->chat && final_answer(o, p, &tc);
+    if (!calls && o->sent < o->text.len) { /* text held back for a tool call that did not parse: it is content */
+        delta_chunk(&b, o, p, j, o->sent, o->text.len, 0);
+        send_event(fd, &b, &ok);
+        o->sent = o->text.len;
+    }
     if (p->chat) {
         size_t r0, r1, c0, c1;
         split_reasoning(o, 0, o->text.len, &r0, &r1, &c0, &c1);
@@ -1056,7 +1077,7 @@ static int handle_completion(int fd, const HttpRequest *rq, int chat) {
     }
     Output o;
     output_init(&o, &p);
-    int keep = 0;
+    int keep = 0, status = 200;
     if (p.stream) {
         stream_job(fd, j, &p, &o);
     } else {
@@ -1069,12 +1090,12 @@ static int handle_completion(int fd, const HttpRequest *rq, int chat) {
         free(ids);
         Buf b = {0};
         full_body(&b, &o, &p, j);
-        if (!strcmp(j->finish, "abort") && !j->n_gen) http_respond_error(fd, 503, "server_error", NULL, "the server is shutting down", 0);
-        else if (b.oom) http_respond_error(fd, 500, "server_error", NULL, "out of memory", 0);
+        if (!strcmp(j->finish, "abort") && !j->n_gen) http_respond_error(fd, status = 503, "server_error", NULL, "the server is shutting down", 0);
+        else if (b.oom) http_respond_error(fd, status = 500, "server_error", NULL, "out of memory", 0);
         else if (!http_respond(fd, 200, "application/json", b.p, b.len, rq->keep_alive && !g_stop, NULL)) keep = rq->keep_alive;
         buf_free(&b);
     }
-    log_request(&p, j, 200, &o);
+    log_request(&p, j, status, &o);
     output_free(&o);
     job_release(j);
     params_free(&p);
@@ -1226,6 +1247,8 @@ static void serve_start(ServeArgs *a) {
         if (b > 2 * a->parallel * slot_bytes) b = 2 * a->parallel * slot_bytes;
         a->cache_mb = b / 1048576.0;
     }
+    a->cache_unit = a->chunk;
+    while (a->cache_unit % CACHE_BLOCK) a->cache_unit += a->chunk; /* whole chunks made of whole blocks */
     g.args = *a;
     const char *slash = strrchr(a->model_dir, '/');
     g.model_id = a->alias ? a->alias : slash && slash[1] ? slash + 1 : a->model_dir;

@@ -199,6 +199,17 @@ if [ -n "$SCRIPT" ] && start tools "GLM_SERVE_SCRIPT=$SCRIPT" -- --parallel 2; t
     py tools "$URL" "$REASON" "$ANSWER" "$CALL"
 fi
 
+# "</think>" first (empty reasoning) and a malformed call: all of it is the answer, whole and streamed
+ANSWER2="Hello<tool_call> world"
+SCRIPT2=$($GLM tokenize -m "$out/m" "</think>$ANSWER2" | tr ' ' ,)
+if [ -n "$SCRIPT2" ] && start script2 "GLM_SERVE_SCRIPT=$SCRIPT2" -- --parallel 2; then
+    py script2 "$URL" "$ANSWER2"
+fi
+# prefix-cache hits with --chunk 24 (not a multiple of the 16-token blocks) against no cache
+if [ -n "${MAIN_URL:-}" ] && start nocache24 -- --fp32 --parallel 8 --chunk 24 --cache-mb 0; then
+    py cache_chunk "$MAIN_URL" "$URL"
+fi
+
 # load: a small prefix cache (full after the warm-up, so RSS measures leaks, not the cache), and
 # the default bf16 products (the other servers run fp32: the checks compare logits)
 if start load -- --parallel 16 --cache-mb 1 --bf16; then

@@ -1157,9 +1157,47 @@ def g_tools(url, reasoning, answer, call_text):
     ok(done and rc == reasoning[:reasoning.index(word)], "tools_stream_stop_in_reasoning", repr(rc))
 
 
+def g_cache_chunk(url, url_nocache):
+    """--chunk 24 is not a multiple of the cache's 16-token blocks: a prompt that repeats a
+    cached prompt's tokens at other positions still gets the logits a server without a
+    cache computes (hits are whole chunks made of whole blocks)."""
+    s, fresh = Server(url), Server(url_nocache)
+    p = ids(3000, 90, 41)
+    p3 = p[:80] + p[64:80] + ids(3000, 20, 42)
+    body = lambda pr: C(pr, max_tokens=8, temperature=0, ignore_eos=True, logprobs=1)
+    for _ in range(2):
+        s.post("/v1/completions", body(p))
+    st, a, _ = s.post("/v1/completions", body(p3))
+    st2, b, _ = fresh.post("/v1/completions", body(p3))
+    key = lambda j: (j["choices"][0]["text"], j["choices"][0]["logprobs"]["token_logprobs"]) if j else None
+    ok(st == 200 and st2 == 200 and key(a) == key(b), "cache_chunk_not_block_multiple_same_logits",
+       "cached %r (cached_tokens %r) vs no cache %r" % (key(a), a and a["usage"]["prompt_tokens_details"], key(b)))
+
+
+def g_script2(url, answer):
+    """A server scripted to write "</think>" + ANSWER (ANSWER holds a malformed <tool_call>)."""
+    s = Server(url)
+    st, j, raw = s.post("/v1/chat/completions", CHAT("hi", max_tokens=32))
+    m = (j or {}).get("choices", [{}])[0].get("message", {}) if st == 200 else {}
+    ok(m.get("reasoning_content") == "" and m.get("content") == answer, "empty_reasoning_marker_not_in_content", repr(raw[:300]))
+    for tools in (None, TOOLS):
+        kw = {"tools": tools} if tools else {}
+        st, j, raw = s.post("/v1/chat/completions", CHAT("hi", max_tokens=32, **kw))
+        m = (j or {}).get("choices", [{}])[0].get("message", {}) if st == 200 else {}
+        st, events, done, raw2, _ = s.stream("/v1/chat/completions", CHAT("hi", max_tokens=32, stream=True, **kw))
+        chunks = chunks_of(events)
+        ct = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c.get("choices"))
+        rc = "".join(c["choices"][0]["delta"].get("reasoning_content") or "" for c in chunks if c.get("choices"))
+        ok(m.get("content") == answer and not m.get("tool_calls") and ct == answer and rc == "",
+           "malformed_tool_call_is_content%s (whole and streamed)" % ("_with_tools" if tools else ""), "%r / %r %r" % (raw[:200], ct, rc))
+    st, j, raw = s.post("/v1/chat/completions", CHAT("hi", max_tokens=8, stop=["a\u0000b"]))
+    ok(error_ok(st, j, 400, "stop") == "", "stop_string_with_nul_400", error_ok(st, j, 400, "stop"))
+
+
 GROUPS = {"basic": g_basic, "completions": g_completions, "chat": g_chat, "stream": g_stream, "errors": g_errors,
           "limits": g_limits, "cache": g_cache, "continuation": g_continuation, "nocache": g_nocache, "queue": g_queue, "disconnect": g_disconnect,
-          "sigterm": g_sigterm, "sigint": g_sigint, "invariance": g_invariance, "load": g_load, "tools": g_tools}
+          "sigterm": g_sigterm, "sigint": g_sigint, "invariance": g_invariance, "load": g_load, "tools": g_tools,
+          "cache_chunk": g_cache_chunk, "script2": g_script2}
 
 if __name__ == "__main__":
     g = GROUPS.get(sys.argv[1] if len(sys.argv) > 1 else "")

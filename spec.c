@@ -39,13 +39,11 @@
  * c from glm bench (a pass over N + 1 tokens, and one MTP draft step, each over a decode
  * step) and a = 0.9, above the 0.6-0.85 one MTP head typically gets (docs/MODEL.md §5.2).
  * CPU: on the 2-vCPU VM this was measured on (the bench checkpoint with an MTP layer,
- * glm synth --layers 2 --experts 64 --mtp; default bf16 products; 3 glm bench runs, each
- * the median of 7 alternating rounds) r(1..4) = 2.68-2.83, 3.19-3.49, 3.15-3.37,
- * 3.51-3.78 and c = 0.68-0.70: the speedup at a = 0.9 is at most 0.66 (N = 4), so no N
- * wins and the default is 0. (A pass over a few tokens costs far more than one decode
- * step here: the few-token products convert each weight to bf16 instead of streaming it,
- * every token brings its own experts, and every row goes through the lm_head; a draft
- * step pays the whole lm_head, a large share of a 2-layer model's step.)
+ * glm synth --layers 2 --experts 64 --mtp; default bf16 products; glm bench, the median
+ * of 7 alternating rounds) r(1..4) = 1.33, 1.53, 1.67, 1.97 and c = 0.72: the speedup at
+ * a = 0.9 is at most 0.93 (N = 1), so no N wins and the default is 0. The draft step is
+ * what loses: on this 2-layer model the MTP layer and the lm_head it pays are most of a
+ * decode step's bytes (on GLM-5.2 the MTP layer is 1 of 79 layers; glm plan projects it).
  * GPU: the steps run on the device through the session (session_forward_hidden,
  * session_mtp_forward_hidden, session_mtp_draft_shared), but every step copies its rows of
  * logits back (spec.c samples on the host) and r(N), c are not measured there yet (glm

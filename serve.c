@@ -361,7 +361,8 @@ static void admit(void) {
         j->in_queue = 0;
         sl->job = j;
         sl->kv.pos = sl->kv.mtp_pos = 0;
-        /* whole chunks only (see engine_step), and not the last token: its logits are needed */
+        /* whole chunks of whole blocks only (see engine_step), and not the last token: its
+         * logits are needed */
         const int unit = g.args.cache_unit, hit = cache_match(&g.cache, j->prompt, j->n_prompt - 1) / unit * unit;
         sl->last_block = cache_load(&g.cache, &g.model, j->prompt, hit, &sl->kv);
         sl->n_fed = sl->kv.pos = hit;

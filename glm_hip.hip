@@ -500,7 +500,7 @@ __global__ void __launch_bounds__(BLOCK) k_rope(float *v, int ld_tok, int nvec, 
 }
 
 /* glm.c attention(): the token's cache row = [RMSNorm(c) (eps 1e-6), RoPE(k_pe)]. */
-__global__ void __launch_bounds__(BLOCK) k_kv_append(float *latent, const float *ckv, const float *norm_w, int KR, int DR, int pos0, const float *table) {
+__device__ void kv_append_row(float *latent, const float *ckv, const float *norm_w, int KR, int DR, int pos0, const float *table) {
     int t = blockIdx.x, AD = KR + DR;
     const float *src = ckv + (size_t)t * AD;
     float *row = latent + (size_t)(pos0 + t) * AD;
@@ -518,6 +518,17 @@ __global__ void __launch_bounds__(BLOCK) k_kv_append(float *latent, const float 
     }
 }
 
+/* attention()'s RoPE of the query heads and the cache append of the same token, one
+ * launch: the two touch different data (q; ckv -> the cache row). */
+__global__ void __launch_bounds__(BLOCK) k_rope_q_kv_append(float *q, int ld_tok, int nvec, int stride, int off, float *latent, const float *ckv,
+                                                            const float *norm_w, int KR, int DR, int pos0, const float *table) {
+    int t = blockIdx.x, half = DR / 2;
+    const float *cs = table + (size_t)(pos0 + t) * DR;
+    for (int j = threadIdx.x; j < nvec * half; j += blockDim.x)
+        rope_pair(q + (size_t)t * ld_tok + (size_t)(j / half) * stride + off, j % half, cs);
+    kv_append_row(latent, ckv, norm_w, KR, DR, pos0, table);
+}
+
 static __device__ __forceinline__ float silu_f(float x) { return x / (1.0f + expf(-x)); }
 static __device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + expf(-x)); }
 
@@ -529,6 +540,23 @@ __global__ void __launch_bounds__(BLOCK) k_silu_mul(float *h1, const float *h2, 
 /* residual add: x += y */
 __global__ void __launch_bounds__(BLOCK) k_add(float *x, const float *y, size_t n) {
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) x[i] += y[i];
+}
+
+/* k_add then k_rmsnorm in one launch, one row per block: x += y, a = RMSNorm(x; w). Each
+ * thread reads back only the elements it wrote, so no barrier is needed between the two;
+ * the sums are k_rmsnorm's, bit for bit (gpuk_add_rmsnorm's test). */
+__global__ void __launch_bounds__(BLOCK) k_add_rmsnorm(float *x, const float *y, float *a, const float *w, int n, float eps) {
+    float *xr = x + (size_t)blockIdx.x * n, *ar = a + (size_t)blockIdx.x * n;
+    const float *yr = y + (size_t)blockIdx.x * n;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        float v = xr[i] + yr[i];
+        xr[i] = v;
+        ss += v * v;
+    }
+    ss = block_sum(ss);
+    float r = 1.0f / sqrtf(ss / (float)n + eps);
+    for (int i = threadIdx.x; i < n; i += blockDim.x) ar[i] = w[i] * (xr[i] * r);
 }
 
 /* ======================================================================== */
@@ -1328,8 +1356,9 @@ static void attention(GpuModel *g, GDev *D, const GLayer *L, int n, int pos0) {
     rmsnorm(D->cq, D->cq, L->q_a_norm, QR, n, 1e-6f); /* eps 1e-6 for the q/kv latent norms (pitfall 4) */
     matmul(D->q, D->cq, L->q_b, n);
     matmul(D->ckv, D->a, L->kv_a, n);
-    LAUNCHED(k_rope, dim3(n), dim3(BLOCK), 0, 0, D->q, NH * (DN + DR), NH, DN + DR, DN, DR, pos0, (const float *)D->rope);
-    LAUNCHED(k_kv_append, dim3(n), dim3(BLOCK), 0, 0, L->latent, (const float *)D->ckv, (const float *)L->kv_a_norm, c->kv_lora_rank, DR, pos0, (const float *)D->rope);
+    /* q_pe's RoPE and the token's cache row [RMSNorm(c), RoPE(k_pe)] in one launch */
+    LAUNCHED(k_rope_q_kv_append, dim3(n), dim3(BLOCK), 0, 0, D->q, NH * (DN + DR), NH, DN + DR, DN, L->latent, (const float *)D->ckv,
+             (const float *)L->kv_a_norm, c->kv_lora_rank, DR, pos0, (const float *)D->rope);
     if (L->has_indexer) indexer_select(g, D, L, n, pos0);
     /* a shared layer keeps D->sel from the last full layer (IndexShare, §3.6) */
     mla_attend_absorbed(g, D, L, n);
@@ -1388,8 +1417,8 @@ static void layer_forward(GpuModel *g, GDev *D, const GLayer *L, int dense, int 
     size_t nh = (size_t)B * H;
     rmsnorm(D->a, D->x, L->input_norm, H, B, c->rms_eps);
     attention(g, D, L, B, pos0);
-    LAUNCHED(k_add, dim3(blocks_for(nh)), dim3(BLOCK), 0, 0, D->x, (const float *)D->out, nh);
-    rmsnorm(D->a, D->x, L->post_norm, H, B, c->rms_eps);
+    /* the residual add and the MLP's norm in one launch */
+    LAUNCHED(k_add_rmsnorm, dim3(B), dim3(BLOCK), 0, 0, D->x, (const float *)D->out, D->a, (const float *)L->post_norm, H, c->rms_eps);
     if (dense) swiglu(D, D->out, D->a, L->gate, L->up, L->down, B);
     else moe(g, D, L, D->a, D->out, B);
     LAUNCHED(k_add, dim3(blocks_for(nh)), dim3(BLOCK), 0, 0, D->x, (const float *)D->out, nh);
@@ -1586,6 +1615,22 @@ extern "C" void gpuk_rmsnorm(float *y, const float *x, const float *w, int dim, 
     rmsnorm(dx, dx, dw, dim, n, eps); /* in place, as attention() uses it */
     host_copy(y, dx, (size_t)n * dim * 4);
     dfree(dx); dfree(dw);
+}
+
+/* k_add_rmsnorm against its two plain kernels: x += y, a = RMSNorm(x); a_ref from k_add,
+ * k_rmsnorm (must be equal bit for bit), x_out the sum. */
+extern "C" void gpuk_add_rmsnorm(float *a, float *a_ref, float *x_out, const float *x, const float *y, const float *w, int dim, int n, float eps) {
+    CHECK(hipSetDevice(0));
+    const size_t bytes = (size_t)n * dim * 4;
+    float *dx = (float *)dev_copy(x, bytes), *dx2 = (float *)dev_copy(x, bytes), *dy = (float *)dev_copy(y, bytes), *dw = (float *)dev_copy(w, (size_t)dim * 4);
+    float *da = (float *)dev_copy(x, bytes), *da2 = (float *)dev_copy(x, bytes);
+    LAUNCHED(k_add_rmsnorm, dim3(n), dim3(BLOCK), 0, 0, dx, (const float *)dy, da, (const float *)dw, dim, eps);
+    LAUNCHED(k_add, dim3(blocks_for((size_t)n * dim)), dim3(BLOCK), 0, 0, dx2, (const float *)dy, (size_t)n * dim);
+    rmsnorm(da2, dx2, dw, dim, n, eps);
+    host_copy(a, da, bytes);
+    host_copy(a_ref, da2, bytes);
+    host_copy(x_out, dx, bytes);
+    dfree(dx); dfree(dx2); dfree(dy); dfree(dw); dfree(da); dfree(da2);
 }
 
 /* The indexer key path: LayerNorm (eps 1e-6) then RoPE of the first `rope_dims` at

@@ -51,16 +51,16 @@ typedef struct {
 static double mat(const Mat *W) { return (double)W->bytes; }
 
 /* glm_hip.hip's launches for one layer of a decode step at position pos (layer_forward:
- * 2 RMSNorms, 2 adds; attention: q_a, its norm, q_b, kv_a, RoPE, the cache append, the
- * absorb, the attention, the un-absorb, o_proj; a full layer's indexer: wq_b, wk,
+ * an RMSNorm, the add fused with the MLP's RMSNorm, an add; attention: q_a, its norm, q_b,
+ * kv_a, RoPE fused with the cache append, the absorb, the attention, the un-absorb, o_proj; a full layer's indexer: wq_b, wk,
  * weights, RoPE, the key, the scores once the context passes index_topk, top-k; dense:
  * gate, up, SiLU, down; MoE: the router, routing, the shared expert's 4, gate, up, SiLU
  * and down of the routed experts, the combine). Kept in step with the code by the
  * emulation's test. */
 static void plan_launches(const Config *c, int full, int dense, int pos, int *out) {
-    out[K_SMALL] += 4;                      /* rmsnorm, add, rmsnorm, add */
+    out[K_SMALL] += 3;                      /* rmsnorm, add + rmsnorm, add */
     out[K_ATTN_PROJ] += 5;                  /* q_a, q_b, kv_a, un-absorb (kv_b), o */
-    out[K_SMALL] += 3;                      /* q_a norm, rope, kv append */
+    out[K_SMALL] += 2;                      /* q_a norm, rope + kv append */
     out[K_ATTEND] += 2;                     /* absorb, attend */
     if (full) {
         out[K_INDEXER] += 3 + (pos + 1 > c->index_topk); /* wq_b, wk, weights, scores */

@@ -26,6 +26,7 @@
 void gpuk_matmul_rows(float *y, const float *x, const Mat *W, int r0, int nr, int n);
 void gpuk_embed(float *y, const Mat *E, const int *tokens, int n);
 void gpuk_rmsnorm(float *y, const float *x, const float *w, int dim, int n, float eps);
+void gpuk_add_rmsnorm(float *a, float *a_ref, float *x_out, const float *x, const float *y, const float *w, int dim, int n, float eps);
 void gpuk_layernorm_rope(float *y, const float *x, const float *w, const float *b, int dim, int rope_dims, int pos, const float *table);
 void gpuk_rope(float *v, int nvec, int stride, int off, int dims, int pos, const float *table);
 void gpuk_topk(int *sel, const float *score, int n, int k);
@@ -171,6 +172,23 @@ static void test_norms_rope(void) {
         double e = rel_rows(ref, got, n, d);
         report(e <= 1e-6 * g_tol, name, "rel L2 %.3g", e);
         free(x); free(w); free(ref); free(got);
+    }
+    /* the fused residual add + RMSNorm: bit for bit its two plain kernels, and the CPU's within tolerance */
+    for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++) {
+        int d = dims[i], n = 3;
+        float *x = xmalloc((size_t)n * d * 4), *y = xmalloc((size_t)n * d * 4), *w = xmalloc((size_t)d * 4);
+        float *a = xmalloc((size_t)n * d * 4), *a2 = xmalloc((size_t)n * d * 4), *xo = xmalloc((size_t)n * d * 4), *ref = xmalloc((size_t)n * d * 4);
+        fill_n(x, (size_t)n * d, 3.0f); fill_n(y, (size_t)n * d, 2.0f); fill_n(w, d, 1.0f);
+        gpuk_add_rmsnorm(a, a2, xo, x, y, w, d, n, 1e-5f);
+        for (size_t k = 0; k < (size_t)n * d; k++) x[k] += y[k];
+        for (int t = 0; t < n; t++) rmsnorm(ref + (size_t)t * d, x + (size_t)t * d, w, d, 1e-5f);
+        char name[80];
+        snprintf(name, sizeof name, "add_rmsnorm dim %d: the plain kernels' bits, the sum", d);
+        report(!memcmp(a, a2, (size_t)n * d * 4) && !memcmp(xo, x, (size_t)n * d * 4), name, "differs from k_add + k_rmsnorm");
+        snprintf(name, sizeof name, "add_rmsnorm dim %d: the CPU's", d);
+        double e = rel_rows(ref, a, n, d);
+        report(e <= 1e-6 * g_tol, name, "rel L2 %.3g", e);
+        free(x); free(y); free(w); free(a); free(a2); free(xo); free(ref);
     }
     /* the indexer key: LayerNorm with bias then RoPE of the first dims, at a far position */
     const double theta = 5000.0;

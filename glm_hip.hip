@@ -1408,20 +1408,28 @@ static void hand_over(GpuModel *g, GDev *from, GDev *to, int B) {
     CHECK(hipSetDevice(to->id));
 }
 
+/* The residual add of a layer's MLP output (D->out) into D->x, where no next layer's
+ * norm takes it over (before a hand-over to another device, or the head). */
+static void residual_add(GpuModel *g, GDev *D, int B) {
+    const size_t nh = (size_t)B * g->c.hidden;
+    LAUNCHED(k_add, dim3(blocks_for(nh)), dim3(BLOCK), 0, 0, D->x, (const float *)D->out, nh);
+}
+
 /* One decoder layer L on the chunk's B rows at positions pos0.. (glm.c layer_forward):
  * pre-norm attention and pre-norm MLP (dense) or MoE, each added to D->x. The MTP
- * layer (g->mtp->layer, its own cache rows) runs through the same code. */
-static void layer_forward(GpuModel *g, GDev *D, const GLayer *L, int dense, int B, int pos0) {
+ * layer (g->mtp->layer, its own cache rows) runs through the same code. To save a
+ * launch per layer, the MLP's output is left in D->out: the next layer adds it as it
+ * norms its input (pending = 1), else the caller does (residual_add). */
+static void layer_forward(GpuModel *g, GDev *D, const GLayer *L, int dense, int B, int pos0, int pending) {
     const Config *c = &g->c;
     const int H = c->hidden;
-    size_t nh = (size_t)B * H;
-    rmsnorm(D->a, D->x, L->input_norm, H, B, c->rms_eps);
+    if (pending) LAUNCHED(k_add_rmsnorm, dim3(B), dim3(BLOCK), 0, 0, D->x, (const float *)D->out, D->a, (const float *)L->input_norm, H, c->rms_eps);
+    else rmsnorm(D->a, D->x, L->input_norm, H, B, c->rms_eps);
     attention(g, D, L, B, pos0);
     /* the residual add and the MLP's norm in one launch */
     LAUNCHED(k_add_rmsnorm, dim3(B), dim3(BLOCK), 0, 0, D->x, (const float *)D->out, D->a, (const float *)L->post_norm, H, c->rms_eps);
     if (dense) swiglu(D, D->out, D->a, L->gate, L->up, L->down, B);
     else moe(g, D, L, D->a, D->out, B);
-    LAUNCHED(k_add, dim3(blocks_for(nh)), dim3(BLOCK), 0, 0, D->x, (const float *)D->out, nh);
 }
 
 /* The output head of a chunk on the last device D (glm.c head(); the MTP layer's with
@@ -1460,11 +1468,19 @@ extern "C" void gpu_forward_hidden(GpuModel *g, int pos, const int *tokens, int 
         CHECK(hipSetDevice(0));
         CHECK(hipMemcpy(D->tokens, tokens + start, (size_t)B * sizeof(int), hipMemcpyHostToDevice));
         LAUNCHED(k_embed, dim3(B), dim3(BLOCK), 0, 0, g->embed, (const int *)D->tokens, D->x);
+        int pending = 0; /* the last layer's MLP output is not added yet */
         for (int l = 0; l < c->n_layers; l++) {
             const GLayer *L = &g->layers[l];
-            if (L->dev != D->id) { hand_over(g, D, &g->dev[L->dev], B); D = &g->dev[L->dev]; }
-            layer_forward(g, D, L, c->dense[l], B, pos0);
+            if (L->dev != D->id) {
+                if (pending) residual_add(g, D, B);
+                pending = 0;
+                hand_over(g, D, &g->dev[L->dev], B);
+                D = &g->dev[L->dev];
+            }
+            layer_forward(g, D, L, c->dense[l], B, pos0, pending);
+            pending = 1;
         }
+        if (pending) residual_add(g, D, B);
         g->pos += B;
         head(g, D, g->final_norm, start, B, n, logits, all_logits, hidden);
     }
@@ -1519,7 +1535,8 @@ static void mtp_rows(GpuModel *g, int mtp_pos, const float *hidden, const int *n
             shared_layer.has_indexer = 0;
             L = &shared_layer;
         }
-        layer_forward(g, D, L, g->m->mtp->layer.dense, B, mtp_pos + start);
+        layer_forward(g, D, L, g->m->mtp->layer.dense, B, mtp_pos + start, 0);
+        residual_add(g, D, B);
         if (keep && start + B == n) { /* the MTP layer is always "full": its indexer just chose D->sel */
             CHECK(hipMemcpy(&keep->n_sel, D->n_sel + (B - 1), sizeof(int), hipMemcpyDeviceToHost));
             CHECK(hipMemcpy(keep->sel, D->sel + (size_t)(B - 1) * c->index_topk, (size_t)keep->n_sel * sizeof(int), hipMemcpyDeviceToHost));

@@ -51,14 +51,15 @@ typedef struct {
 static double mat(const Mat *W) { return (double)W->bytes; }
 
 /* glm_hip.hip's launches for one layer of a decode step at position pos (layer_forward:
- * an RMSNorm, the add fused with the MLP's RMSNorm, an add; attention: q_a, its norm, q_b,
+ * the previous layer's residual add fused with the input RMSNorm, the add fused with the
+ * MLP's RMSNorm (the MLP's add goes to the next layer); attention: q_a, its norm, q_b,
  * kv_a, RoPE fused with the cache append, the absorb, the attention, the un-absorb, o_proj; a full layer's indexer: wq_b, wk,
  * weights, RoPE, the key, the scores once the context passes index_topk, top-k; dense:
  * gate, up, SiLU, down; MoE: the router, routing, the shared expert's 4, gate, up, SiLU
  * and down of the routed experts, the combine). Kept in step with the code by the
  * emulation's test. */
 static void plan_launches(const Config *c, int full, int dense, int pos, int *out) {
-    out[K_SMALL] += 3;                      /* rmsnorm, add + rmsnorm, add */
+    out[K_SMALL] += 2;                      /* (add +) rmsnorm, add + rmsnorm */
     out[K_ATTN_PROJ] += 5;                  /* q_a, q_b, kv_a, un-absorb (kv_b), o */
     out[K_SMALL] += 2;                      /* q_a norm, rope + kv append */
     out[K_ATTEND] += 2;                     /* absorb, attend */
@@ -83,7 +84,7 @@ static StepCost step_cost(const Model *m, int pos, int n_tok) {
     const double AD = c->kv_lora_rank + c->qk_rope;
     s.bytes[K_EMBED_HEAD] = n_tok * mat(&m->embed) / m->embed.rows + mat(&m->lm_head);
     s.launches[K_EMBED_HEAD] = 2;           /* embed, lm_head */
-    s.launches[K_SMALL] += 1;               /* the final norm */
+    s.launches[K_SMALL] += 2;               /* the last layer's residual add, the final norm (one more add per device boundary) */
     const double distinct = c->n_experts * (1 - pow(1 - (double)c->n_active / c->n_experts, n_tok)); /* experts touched */
     for (int l = 0; l < c->n_layers; l++) {
         const Layer *L = &m->layers[l];
@@ -116,7 +117,7 @@ static StepCost draft_cost(const Model *m) {
                            mat(&L->ix_wq_b) + mat(&L->ix_wk) + mat(&L->ix_weights);
     s.bytes[K_EXPERTS] = c->n_active * ex / c->n_experts + mat(&L->router) + mat(&L->sh_gate) + mat(&L->sh_up) + mat(&L->sh_down);
     s.bytes[K_EMBED_HEAD] = mat(&m->lm_head) + mat(&m->embed) / m->embed.rows;
-    s.launches[K_SMALL] = 5;                /* embed, two norms, eh_proj, head norm */
+    s.launches[K_SMALL] = 6;                /* embed, two norms, eh_proj, the residual add, head norm */
     plan_launches(c, 1, 0, 0, s.launches);
     s.launches[K_EMBED_HEAD] = 1;
     return s;

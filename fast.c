@@ -62,6 +62,8 @@ static size_t g_panel_stride;     /* max(65 * g_scratch_cols, PANEL_KC * 32 + PR
 static uint16_t *g_x_bf16;        /* [cap][g_scratch_cols + 64] activations rounded to bf16 */
 static float *g_pool_xs;          /* [max(2(n_active+1), 4)][XS_COLS] decode: each product's x as its kernel reads it */
 static float *g_tokens_xs;        /* [g_threads][MATVEC_MAX_TOKENS][XS_COLS] a few tokens' x as their kernels read it */
+static uint16_t *g_moe_xb;        /* [MATVEC_MAX_TOKENS * (n_active + 1)][XS_COLS] a few tokens' MoE inputs, per expert */
+static int g_moe_rows;            /* its rows */
 static float *g_uv_xs;            /* [NH][XS_FOR(KR)] decode: each head's o_lat as W_UV's kernel reads it */
 static float *g_scores;           /* [g_threads][ATTN_HEAD_BLOCK][PROBS_STRIDE(T)] attention scores of a head block */
 static uint16_t *g_lat_bf16;      /* [T][KR+DR] the layer's cached latents rounded to bf16, or NULL */
@@ -627,12 +629,123 @@ static void fast_mla_attend(const Model *m, const Layer *L, const KVCache *kv, R
 /* ======================================================================== */
 /* the MoE                                                                  */
 
+/* One product of a few tokens for moe_tokens' pool: y[t*ldy + i] = W[i]·x_t, t < n, x_t =
+ * xb + t*XS_COLS (matvec_order_bf16's layout, rounded). */
+typedef struct {
+    const Mat *W;
+    const uint16_t *xb;
+    int n, ldy;
+    float *y;
+} TokenProduct;
+
+/* All the products in one parallel region, each cut into runs of rows that threads take
+ * as they free up: a chunk's chosen experts are dozens of small products, each of which
+ * alone would wake the threads and wait for the slowest. */
+static void token_products(const TokenProduct *p, int np) {
+    int runs = 0, rows_of[np];
+    for (int i = 0; i < np; i++) {
+        const double row_bytes = (double)p[i].W->bytes / p[i].W->rows;
+        rows_of[i] = (int)(RUN_TAIL / row_bytes) > 0 ? (int)(RUN_TAIL / row_bytes) : 1;
+        runs += (p[i].W->rows + rows_of[i] - 1) / rows_of[i];
+    }
+    int (*run)[2] = xmalloc((size_t)runs * sizeof *run); /* (product, first row) */
+    for (int i = 0, k = 0; i < np; i++)
+        for (int r = 0; r < p[i].W->rows; r += rows_of[i]) { run[k][0] = i; run[k][1] = r; k++; }
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int k = 0; k < runs; k++) {
+        const TokenProduct *q = &p[run[k][0]];
+        const int r = run[k][1], nr = q->W->rows - r < rows_of[run[k][0]] ? q->W->rows - r : rows_of[run[k][0]];
+        kernels.matvec_bf16_n(q->W, r, nr, q->xb, XS_COLS, q->n, q->y + r, (size_t)q->ldy);
+    }
+    free(run);
+}
+
+/* x's rows as W's kernel reads them (matvec_bf16_n), into xb rows XS_COLS apart. */
+static void token_layouts(const Mat *W, const float *x, int ldx, const int *rows, int n, uint16_t *xb) {
+    const int np = (W->cols + 127) & ~127;
+    float *layout = g_x_split + (size_t)thread_id() * XS_COLS;
+    for (int t = 0; t < n; t++) {
+        matvec_order_bf16(W, x + (size_t)(rows ? rows[t] : t) * ldx, layout);
+        kernels.round_bf16(layout, np, xb + (size_t)t * XS_COLS, np);
+    }
+}
+
+/* A few tokens (a serve batch's decodes, a --draft verify pass): the shared expert and
+ * every chosen expert on its tokens, gate and up as one pool of runs, then down as
+ * another, instead of three parallel products per expert. The sums are those of
+ * moe_experts: each product's rows per token are matvec_bf16_n's (bit for bit a lone
+ * token's), and the experts are added in the order of their ids. */
+static int moe_tokens(const Model *m, const Layer *L, RunState *s, const float *x, float *y, int n) {
+    const Config *c = &m->cfg;
+    const int H = c->hidden, A = c->n_active, E = c->n_experts, FI = c->moe_inter, SF = c->n_shared * FI;
+    const size_t room = (size_t)(s->cap > A + 1 ? s->cap : A + 1) * (size_t)(c->dense_inter > SF ? (c->dense_inter > FI ? c->dense_inter : FI) : (SF > FI ? SF : FI));
+    int pair_e[n * A], pair_t[n * A], P = 0; /* (expert, token) pairs in the order of the expert ids */
+    float pair_w[n * A];
+    for (int e = 0; e < E; e++)
+        for (int t = 0; t < n; t++)
+            for (int k = 0; k < A; k++)
+                if (s->ex_idx[t * A + k] == e) { pair_e[P] = e; pair_t[P] = t; pair_w[P] = s->ex_w[t * A + k]; P++; }
+    if (n + P > g_moe_rows || (size_t)n * SF + (size_t)P * FI > room || P > (s->cap > A + 1 ? s->cap : A + 1)) return 0;
+    float *h1s = s->h1, *h2s = s->h2, *h1r = s->h1 + (size_t)n * SF, *h2r = s->h2 + (size_t)n * SF; /* shared rows, then the pairs' */
+    TokenProduct job[2 * (E + 1)];
+    int nj = 0;
+    /* gate and up: the shared expert on all n tokens, each chosen expert on its tokens */
+    uint16_t *xb = g_moe_xb;
+    if (c->n_shared) {
+        token_layouts(&L->sh_gate, x, H, NULL, n, xb);
+        job[nj++] = (TokenProduct){&L->sh_gate, xb, n, SF, h1s};
+        job[nj++] = (TokenProduct){&L->sh_up, xb, n, SF, h2s};
+        xb += (size_t)n * XS_COLS;
+    }
+    for (int p = 0; p < P;) {
+        int q = p;
+        while (q < P && pair_e[q] == pair_e[p]) q++;
+        const int e = pair_e[p];
+        token_layouts(&L->ex_gate[e], x, H, pair_t + p, q - p, xb);
+        job[nj++] = (TokenProduct){&L->ex_gate[e], xb, q - p, FI, h1r + (size_t)p * FI};
+        job[nj++] = (TokenProduct){&L->ex_up[e], xb, q - p, FI, h2r + (size_t)p * FI};
+        xb += (size_t)(q - p) * XS_COLS;
+        p = q;
+    }
+    token_products(job, nj);
+    if (c->n_shared) swiglu_act(h1s, h2s, n, SF);
+    swiglu_act(h1r, h2r, P, FI);
+    /* down: into y (the shared expert, unscaled: pitfall 8) and each pair's row of ex_y */
+    nj = 0;
+    xb = g_moe_xb;
+    if (c->n_shared) {
+        token_layouts(&L->sh_down, h1s, SF, NULL, n, xb);
+        job[nj++] = (TokenProduct){&L->sh_down, xb, n, H, y};
+        xb += (size_t)n * XS_COLS;
+    } else memset(y, 0, (size_t)n * H * sizeof(float));
+    for (int p = 0; p < P;) {
+        int q = p;
+        while (q < P && pair_e[q] == pair_e[p]) q++;
+        token_layouts(&L->ex_down[pair_e[p]], h1r + (size_t)p * FI, FI, NULL, q - p, xb);
+        job[nj++] = (TokenProduct){&L->ex_down[pair_e[p]], xb, q - p, H, s->ex_y + (size_t)p * H};
+        xb += (size_t)(q - p) * XS_COLS;
+        p = q;
+    }
+    token_products(job, nj);
+    for (int p = 0; p < P; p++) { /* by expert id, as moe_experts adds them */
+        float *yt = y + (size_t)pair_t[p] * H;
+        const float *ey = s->ex_y + (size_t)p * H;
+        for (int j = 0; j < H; j++) yt[j] += pair_w[p] * ey[j];
+    }
+    return 1;
+}
+
 /* For one token, the chosen experts and the shared one as one pool of rows: their gate
- * and up products in one matvec_jobs, their down products in another; other chunks go
- * to glm.c's moe_experts (one GEMM per chosen expert). */
+ * and up products in one matvec_jobs, their down products in another; a few tokens go
+ * to moe_tokens, longer chunks to glm.c's moe_experts (one GEMM per chosen expert). */
 static void fast_moe_experts(const Model *m, const Layer *L, RunState *s, const float *x, float *y, int n) {
     const Config *c = &m->cfg;
-    if (n > 1) { moe_experts(m, L, s, x, y, n); return; }
+    if (n > 1) {
+        const int fits = n <= MATVEC_MAX_TOKENS && kernels.matvec_bf16_n && matvec_in_bf16(&L->ex_gate[0]) &&
+                         (!c->n_shared || matvec_in_bf16(&L->sh_gate));
+        if (!fits || !moe_tokens(m, L, s, x, y, n)) moe_experts(m, L, s, x, y, n);
+        return;
+    }
     const int H = c->hidden, A = c->n_active;
     const size_t slot = (size_t)c->moe_inter * (c->n_shared > 1 ? c->n_shared : 1); /* hidden width of one expert */
     const int J = A + (c->n_shared ? 1 : 0);
@@ -670,10 +783,10 @@ static void fast_moe_experts(const Model *m, const Layer *L, RunState *s, const 
 /* choosing the path                                                        */
 
 static void fast_release(void) {
-    void *all[] = {g_row_scratch, g_x_split, g_panel, g_x_bf16, g_pool_xs, g_tokens_xs, g_uv_xs, g_scores, g_lat_bf16, g_attn_bf16};
+    void *all[] = {g_row_scratch, g_x_split, g_panel, g_x_bf16, g_pool_xs, g_tokens_xs, g_moe_xb, g_uv_xs, g_scores, g_lat_bf16, g_attn_bf16};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) free(all[i]);
     g_row_scratch = g_x_split = g_panel = g_pool_xs = g_tokens_xs = g_uv_xs = g_scores = NULL;
-    g_x_bf16 = g_lat_bf16 = g_attn_bf16 = NULL;
+    g_x_bf16 = g_moe_xb = g_lat_bf16 = g_attn_bf16 = NULL;
 }
 
 static int widest_matrix(const Config *c) { /* columns of the widest matrix, or 2H */
@@ -706,6 +819,8 @@ static void fast_prepare(const Config *c, int cap, int ctx) {
     g_x_bf16 = xcalloc((size_t)PREFILL_CHUNK * (max_cols + 64), sizeof(uint16_t));
     g_pool_xs = xmalloc((size_t)(c->n_active + 1 > 2 ? 2 * (c->n_active + 1) : 4) * XS_COLS * sizeof(float));
     g_tokens_xs = xmalloc((size_t)g_threads * MATVEC_MAX_TOKENS * XS_COLS * sizeof(float));
+    g_moe_rows = MATVEC_MAX_TOKENS * (c->n_active + 1);
+    g_moe_xb = xmalloc((size_t)g_moe_rows * XS_COLS * sizeof(uint16_t));
     g_uv_xs = xmalloc((size_t)c->n_heads * XS_FOR(c->kv_lora_rank) * sizeof(float));
     g_scores = xmalloc((size_t)g_threads * ATTN_HEAD_BLOCK * PROBS_STRIDE(ctx) * sizeof(float));
     if (g_act_bf16 && kernels.gemm_panel_bf16 && kernels.pack_pairs_bf16 && kernels.build_panel_bf16 && kernels.round_bf16) {

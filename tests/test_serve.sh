@@ -19,7 +19,7 @@
 # - batch invariance: with fp32 products, 8 prompts sharing 300 ids give the same tokens and
 #   bit-identical log-probabilities alone and together (plain C kernels, GLM_KERNELS=c: alone
 #   first, then together, then again from the prefix cache; the default kernels: together
-#   first, every prompt uncached, then alone);
+#   first, every prompt uncached, then alone; and the same with the default bf16 products);
 # - the prefix cache: a 220-token prompt after its first 200 starts from >= 192 cached
 #   positions (16-token blocks, handed out in whole --chunk chunks); --cache-mb 0: none;
 # - load: 500 requests from 32 clients (SAN=1: 100 from 16), streamed and not, every one
@@ -214,6 +214,9 @@ fi
 # the default bf16 products (the other servers run fp32: the checks compare logits)
 if start load -- --parallel 16 --cache-mb 1 --bf16; then
     LOAD_PID=$PID
+    # the default bf16 products too: a batch of decodes (matvec_bf16_n, the few-token MoE pool)
+    # gives each sequence its lone logits, bit for bit
+    py invariance "$URL" fast_bf16
     py load "$URL" "$LOAD_PID" "$GLM" "$N_LOAD" "$C_LOAD"
     # SIGTERM under load (32 clients, streamed and not, running and queued): exit 0 within 5 s,
     # and every client gets an answer or a closed connection (loadgen ends)

@@ -795,7 +795,8 @@ static int final_answer(const Output *o, const Params *p, ChatToolCalls *tc) {
     memset(tc, 0, sizeof *tc);
     if (!p->tools) return 0;
     char err[128];
-    if (tokenizer_parse_tool_calls(o->text.p + c0, c1 - c0, p->tools, tc, err, sizeof err)) { memset(tc, 0, sizeof *tc); return 0; }
+    const char *text = o->text.p ? o->text.p : ""; /* nothing was generated: no buffer yet */
+    if (tokenizer_parse_tool_calls(text + c0, c1 - c0, p->tools, tc, err, sizeof err)) { memset(tc, 0, sizeof *tc); return 0; }
     return tc->n_calls > 0;
 }
 

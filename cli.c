@@ -321,11 +321,6 @@ static int session_ctx(const Args *a, const Config *c, int n_prompt) {
     return ctx;
 }
 
-static int is_eos(const Config *c, int id) {
-    for (int i = 0; i < c->n_eos; i++) if (c->eos[i] == id) return 1;
-    return 0;
-}
-
 /* ======================================================================== */
 /* generation                                                               */
 

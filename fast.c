@@ -236,19 +236,25 @@ static void gemm_bf16_panels(float *y, int ldy, const Mat *W, int r0, int nr, in
     }
 }
 
+/* x's rows as W's kernel reads them (matvec_bf16_n), into xb rows XS_COLS apart
+ * (rows: which rows of x, NULL for the first n). */
+static void token_layouts(const Mat *W, const float *x, int ldx, const int *rows, int n, uint16_t *xb) {
+    const int np = (W->cols + 127) & ~127;
+    float *layout = g_x_split + (size_t)thread_id() * XS_COLS;
+    for (int t = 0; t < n; t++) {
+        matvec_order_bf16(W, x + (size_t)(rows ? rows[t] : t) * ldx, layout);
+        kernels.round_bf16(layout, np, xb + (size_t)t * XS_COLS, np);
+    }
+}
+
 /* A few tokens (the sequences of a serve batch, a draft being checked, an expert's share
  * of them): every row streams from memory once and serves all tokens (matvec_bf16_n), in
  * runs over the threads as in matvec_jobs. Each token's x is laid out and rounded once. A
  * token's results are bit for bit those of its one-token product: a batch changes no bit
  * of a sequence's decode (glm serve's batch invariance). */
 static void matvec_tokens(float *y, int ldy, const float *x, int ldx, const Mat *W, int r0, int nr, int n, int parallel) {
-    const int np = (W->cols + 127) & ~127;
     uint16_t *xb = (uint16_t *)(g_tokens_xs + (size_t)thread_id() * MATVEC_MAX_TOKENS * XS_COLS);
-    float *layout = g_x_split + (size_t)thread_id() * XS_COLS;
-    for (int t = 0; t < n; t++) {
-        matvec_order_bf16(W, x + (size_t)t * ldx, layout);
-        kernels.round_bf16(layout, np, xb + (size_t)t * XS_COLS, np);
-    }
+    token_layouts(W, x, ldx, NULL, n, xb);
     const int threads = parallel ? g_threads : 1;
     double run = (double)W->bytes * nr / W->rows / (8.0 * threads); /* ~8 runs per thread, 256 KB .. 1 MB each */
     run = run < RUN_TAIL ? RUN_TAIL : run > RUN_MIN ? RUN_MIN : run;
@@ -660,16 +666,6 @@ static void token_products(const TokenProduct *p, int np) {
     free(run);
 }
 
-/* x's rows as W's kernel reads them (matvec_bf16_n), into xb rows XS_COLS apart. */
-static void token_layouts(const Mat *W, const float *x, int ldx, const int *rows, int n, uint16_t *xb) {
-    const int np = (W->cols + 127) & ~127;
-    float *layout = g_x_split + (size_t)thread_id() * XS_COLS;
-    for (int t = 0; t < n; t++) {
-        matvec_order_bf16(W, x + (size_t)(rows ? rows[t] : t) * ldx, layout);
-        kernels.round_bf16(layout, np, xb + (size_t)t * XS_COLS, np);
-    }
-}
-
 /* A few tokens (a serve batch's decodes, a --draft verify pass): the shared expert and
  * every chosen expert on its tokens, gate and up as one pool of runs, then down as
  * another, instead of three parallel products per expert. The sums are those of
@@ -678,14 +674,17 @@ static void token_layouts(const Mat *W, const float *x, int ldx, const int *rows
 static int moe_tokens(const Model *m, const Layer *L, RunState *s, const float *x, float *y, int n) {
     const Config *c = &m->cfg;
     const int H = c->hidden, A = c->n_active, E = c->n_experts, FI = c->moe_inter, SF = c->n_shared * FI;
-    const size_t room = (size_t)(s->cap > A + 1 ? s->cap : A + 1) * (size_t)(c->dense_inter > SF ? (c->dense_inter > FI ? c->dense_inter : FI) : (SF > FI ? SF : FI));
+    const int rows = s->cap > A + 1 ? s->cap : A + 1; /* h1, h2, ex_y: rows as runstate_init sizes them */
+    int width = c->dense_inter > SF ? c->dense_inter : SF;
+    if (width < FI) width = FI;
+    const size_t room = (size_t)rows * width;
     int pair_e[n * A], pair_t[n * A], P = 0; /* (expert, token) pairs in the order of the expert ids */
     float pair_w[n * A];
     for (int e = 0; e < E; e++)
         for (int t = 0; t < n; t++)
             for (int k = 0; k < A; k++)
                 if (s->ex_idx[t * A + k] == e) { pair_e[P] = e; pair_t[P] = t; pair_w[P] = s->ex_w[t * A + k]; P++; }
-    if (n + P > g_moe_rows || (size_t)n * SF + (size_t)P * FI > room || P > (s->cap > A + 1 ? s->cap : A + 1)) return 0;
+    if (n + P > g_moe_rows || (size_t)n * SF + (size_t)P * FI > room || P > rows) return 0;
     float *h1s = s->h1, *h2s = s->h2, *h1r = s->h1 + (size_t)n * SF, *h2r = s->h2 + (size_t)n * SF; /* shared rows, then the pairs' */
     TokenProduct job[2 * (E + 1)];
     int nj = 0;

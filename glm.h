@@ -191,6 +191,7 @@ void checkpoint_open(Checkpoint *ck, const char *dir);
 void checkpoint_close(Checkpoint *ck);
 const TensorInfo *checkpoint_find(const Checkpoint *ck, const char *name);
 void config_load(Config *c, const char *dir);
+int is_eos(const Config *c, int id);     /* id is one of config.json's eos_token_id */
 /* The loader's checks as pure functions (the CLI wrappers above call them; so do the
  * fuzz targets in fuzz/). Each returns 0, or -1 with a one-line message in err[errlen]
  * (what the CLI prints after "glm: error: "), having freed what it allocated.

@@ -819,6 +819,11 @@ int config_parse(Config *c, const char *text, size_t len, const char *path, char
 }
 
 /* The CLI: reads DIR/config.json; errors are fatal. */
+int is_eos(const Config *c, int id) {
+    for (int i = 0; i < c->n_eos; i++) if (c->eos[i] == id) return 1;
+    return 0;
+}
+
 void config_load(Config *c, const char *dir) {
     char *path = path_join(dir, "config.json");
     size_t len;

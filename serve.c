@@ -332,11 +332,6 @@ static void timed_wait(pthread_cond_t *cv, pthread_mutex_t *mu, int ms) {
     pthread_cond_timedwait(cv, mu, &ts);
 }
 
-static int is_eos(const Config *c, int id) {
-    for (int i = 0; i < c->n_eos; i++) if (c->eos[i] == id) return 1;
-    return 0;
-}
-
 /* ======================================================================== */
 /* the engine                                                               */
 
@@ -369,9 +364,8 @@ static void admit(void) {
         sl->n_blocks = sl->n_fed / CACHE_BLOCK;
         j->n_cached = sl->n_fed;
         sl->ticket = g.next_ticket++;
-        sl->sp.temperature = j->temperature;
-        sl->sp.top_p = j->top_p;
-        sl->sp.rng = j->seed * 2654435761u + 88172645463325252ull; /* as sampler_init */
+        sampler_free(&sl->sp);
+        sampler_init(&sl->sp, j->temperature, j->top_p, j->seed, g.model.cfg.vocab_size);
     }
 }
 

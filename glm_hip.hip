@@ -111,6 +111,12 @@ __device__ __forceinline__ int shfl_xor_any(int v, int m) { return shfl_xor_i32(
  * (tools/plan.c) are checked against this count under the emulation. */
 static long g_launches;
 #define LAUNCHED(...) do { g_launches++; LAUNCH(__VA_ARGS__); } while (0)
+
+/* Which kernels run where a fast kernel sits beside its plain one: the plain ones are
+ * the kernel tests' reference and, with GLM_GPU_KERNELS=plain, what a user on new
+ * hardware falls back to while bisecting a fast kernel. Chosen once, at gpu_load
+ * (the kernel tests switch it with gpuk_use_plain). */
+static int g_plain_kernels;
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1153,7 +1159,16 @@ static void zero_kv(GpuModel *g, const GLayer *G) {
     if (G->index_k) CHECK(hipMemset(G->index_k, 0, (size_t)g->ctx * c->index_head_dim * sizeof(float)));
 }
 
+/* GLM_GPU_KERNELS: "fast" (the default) or "plain" */
+static void choose_kernels(void) {
+    const char *k = getenv("GLM_GPU_KERNELS");
+    if (!k || !*k || !strcmp(k, "fast")) g_plain_kernels = 0;
+    else if (!strcmp(k, "plain")) g_plain_kernels = 1;
+    else glm_fatal("GLM_GPU_KERNELS=%s: expected fast or plain", k);
+}
+
 extern "C" GpuModel *gpu_load(const Model *m, int n_gpus, int ctx) {
+    choose_kernels();
     int count = 0;
     hipError_t e = hipGetDeviceCount(&count);
     if (e != hipSuccess || count == 0) glm_fatal("--gpu: no GPU found (%s)", e != hipSuccess ? hipGetErrorString(e) : "0 devices");
@@ -1585,6 +1600,9 @@ extern "C" int gpu_sample(GpuModel *g, float temperature, float top_p, float u) 
  * Each takes host arrays, runs one kernel (or one block of the forward pass) on
  * device 0 and returns the result, so the test can hold it against glm.c's own op.
  */
+
+/* The kernel tests run each fast kernel and its plain reference on the same input. */
+extern "C" void gpuk_use_plain(int on) { g_plain_kernels = on; }
 
 static void *dev_copy(const void *src, size_t n) {
     void *d;

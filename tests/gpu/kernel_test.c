@@ -33,6 +33,7 @@ void gpuk_topk(int *sel, const float *score, int n, int k);
 void gpuk_moe_route(int *idx, float *w, const Config *c, const float *logits, const float *bias, int n);
 void gpuk_silu_mul(float *h1, const float *h2, int n);
 int gpuk_sample(const float *logits, int V, float temperature, float top_p, float u);
+void gpuk_use_plain(int on);
 void gpuk_attention(GpuModel *g, int layer, const float *a, int n, int pos0, float *out, int *sel, int *n_sel);
 void gpuk_mlp(GpuModel *g, int layer, const float *a, int n, float *out);
 

@@ -50,6 +50,7 @@
 #define hipGetLastError cudaGetLastError
 #define hipGetDeviceCount cudaGetDeviceCount
 #define hipSetDevice cudaSetDevice
+#define hipGetDevice cudaGetDevice
 #define hipGetDeviceProperties cudaGetDeviceProperties
 #define hipDeviceProp_t cudaDeviceProp
 #define hipMemGetInfo cudaMemGetInfo
@@ -90,13 +91,20 @@
 #define UNROLL _Pragma("unroll")
 /* The xor shuffle through ds_bpermute: present in every ROCm, unlike __shfl_xor_sync
  * (ROCm 6.2+) or the mask-less __shfl_xor (deprecated later). */
+/* The lane from the wave's execution mask (mbcnt counts the lanes below this one), as
+ * HIP's __lane_id(): no work-item id read and no division. */
+__device__ __forceinline__ int lane_id() {
+#if WAVE == 64
+    return (int)__builtin_amdgcn_mbcnt_hi(~0u, __builtin_amdgcn_mbcnt_lo(~0u, 0u));
+#else
+    return (int)__builtin_amdgcn_mbcnt_lo(~0u, 0u);
+#endif
+}
 __device__ __forceinline__ float shfl_xor_f32(float v, int m) {
-    int lane = (int)(threadIdx.x % WAVE);
-    return __int_as_float(__builtin_amdgcn_ds_bpermute((lane ^ m) << 2, __float_as_int(v)));
+    return __int_as_float(__builtin_amdgcn_ds_bpermute((lane_id() ^ m) << 2, __float_as_int(v)));
 }
 __device__ __forceinline__ int shfl_xor_i32(int v, int m) {
-    int lane = (int)(threadIdx.x % WAVE);
-    return __builtin_amdgcn_ds_bpermute((lane ^ m) << 2, v);
+    return __builtin_amdgcn_ds_bpermute((lane_id() ^ m) << 2, v);
 }
 __device__ __forceinline__ float shfl_xor_any(float v, int m) { return shfl_xor_f32(v, m); }
 __device__ __forceinline__ int shfl_xor_any(int v, int m) { return shfl_xor_i32(v, m); }
@@ -467,6 +475,248 @@ __global__ void __launch_bounds__(BLOCK) k_gemm(DMat W, const float *x, int ldx,
     }
     UNROLL for (int j = 0; j < TN * TM / BLOCK; j++)
         if (row0 + tr < nr && tok0 + tc + j < n) y[(size_t)(tok0 + tc + j) * ldy + row0 + tr] = acc[j];
+}
+
+/* ======================================================================== */
+/* 3b. the fast matrix-vector products (decode; up to GEMV_MAXN tokens)     */
+/*
+ * A decode step reads every weight once, so these kernels have one job: keep HBM busy.
+ * The plain kernels above (k_gemv1, k_gemvn, k_gemv_experts) are their reference in the
+ * kernel tests and run instead with GLM_GPU_KERNELS=plain. What differs:
+ *   - the format is a template argument, so the hot loop has no format switch;
+ *   - every load of a step is issued before any use: a wave streams GF_RPW rows at once
+ *     (rows past the end are clamped to the last row, never branched around) and the
+ *     next step's weights are loaded before this step's are decoded, so each lane keeps
+ *     2 x GF_RPW x 16 bytes in flight (128 bytes on a 64-wide wave);
+ *   - x is staged in shared memory once per block, in coalesced loads, with 4 floats of
+ *     padding after each chunk's worth so that the lanes of a 16-byte read start on
+ *     different banks;
+ *   - a block owns GF_BLOCK_ROWS rows and a range of the columns: a matrix with few rows
+ *     (the router, kv_a, the indexer's wk) is split along k into enough blocks to fill the
+ *     GPU, and the last block of a row range to finish adds the partial sums in split
+ *     order (deterministic, one launch);
+ *   - MXFP4 and FP8 are decoded without tables: on gfx950 by the hardware conversions
+ *     (two values per instruction, then packed fp32 FMAs), elsewhere by bit operations.
+ * The sums run in another order than glm.c's (several partial sums per lane, the k split),
+ * so the results agree with the plain kernels to rounding, not bit for bit.
+ */
+#define GF_BLOCK_ROWS 16                        /* rows per block, whatever the wave width */
+#define GF_RPW (GF_BLOCK_ROWS / (BLOCK / WAVE)) /* rows a wave streams together: 4 (wave 64) or 2 (32) */
+#define GF_XS_FLOATS 6144                       /* shared memory for x: 24 KB */
+#define GF_MAX_SPLIT 32                         /* k splits at most */
+#define GF_MIN_SPLIT_CHUNKS (2 * 64)            /* a split covers at least this many 16-byte chunks */
+
+#if defined(__gfx950__) || defined(GLM_EMU_GFX950)
+#define GF_HW_CVT 1 /* v_cvt_scalef32_pk_f32_fp4 and v_cvt_pk_f32_fp8 (OCP E4M3 on gfx950) */
+#endif
+
+/* A pair of floats: on AMD a clang vector, so that x += a * b on it is one packed FMA
+ * (v_pk_fma_f32, gfx90a and later); elsewhere two floats. */
+#if defined(__AMDGCN__)
+typedef float f32x2 __attribute__((ext_vector_type(2)));
+__device__ __forceinline__ f32x2 pair(float a, float b) { return f32x2{a, b}; }
+#else
+#if !defined(GLM_EMU) /* (the emulation defines it with gfx950's conversions) */
+struct f32x2 { float x, y; };
+#endif
+__device__ __forceinline__ f32x2 pair(float a, float b) { f32x2 p; p.x = a; p.y = b; return p; }
+__device__ __forceinline__ f32x2 operator*(f32x2 a, f32x2 b) { return pair(a.x * b.x, a.y * b.y); }
+__device__ __forceinline__ f32x2 &operator+=(f32x2 &a, f32x2 b) { a.x += b.x; a.y += b.y; return a; }
+#endif
+
+/* The layout of one format: values per 16-byte chunk. */
+template <int FMT> struct GfFormat;
+template <> struct GfFormat<WF_BF16> { enum { CE = 8 }; };
+template <> struct GfFormat<WF_FP8> { enum { CE = 16 }; };
+template <> struct GfFormat<WF_MXFP4> { enum { CE = 32 }; };
+
+/* E2M1 without a table: the three magnitude bits placed at the top of an fp32 mantissa
+ * give the value times 2^-126 exactly (0 and 0.5 come out as fp32 subnormals), and the
+ * multiply by 2^126 is exact. */
+__device__ __forceinline__ float e2m1_bits(uint32_t c) {
+    return __uint_as_float(((c & 7u) << 22) | ((c & 8u) << 28)) * 8.5070592e37f; /* 2^126 */
+}
+
+/* OCP E4M3 without a table: the seven magnitude bits at fp32 bits 20..26 give the value
+ * times 2^-120 exactly (subnormals included); 0x7f (NaN) is handled per chunk. */
+__device__ __forceinline__ float e4m3_bits(uint32_t b) {
+    return __uint_as_float(((b & 0x7fu) << 20) | ((b & 0x80u) << 24)) * 1.329228e36f; /* 2^120 */
+}
+
+/* Nonzero if a byte of w is S.1111.111 (NaN in E4M3FN). */
+__device__ __forceinline__ uint32_t e4m3_nan_bytes(uint32_t w) {
+    uint32_t m = (w & 0x7f7f7f7fu) ^ 0x7f7f7f7fu; /* a zero byte where the magnitude is 0x7f */
+    return (m - 0x01010101u) & ~m & 0x80808080u;
+}
+
+/* Σ_k W(q)[k] · xs[k] for one 16-byte chunk q of one row; xs is the chunk's x in shared
+ * memory. MXFP4 and FP8 return the sum before the block scale (applied by the caller). */
+template <int FMT> __device__ __forceinline__ float gf_chunk_dot(uint4 q, const float *xs, const float *lut);
+
+template <> __device__ __forceinline__ float gf_chunk_dot<WF_BF16>(uint4 q, const float *xs, const float *) {
+    const uint32_t w[4] = {q.x, q.y, q.z, q.w};
+    const float4 x0 = *(const float4 *)xs, x1 = *(const float4 *)(xs + 4);
+    float a = 0.0f, b = 0.0f;
+    a += __uint_as_float(w[0] << 16) * x0.x; b += __uint_as_float(w[0] & 0xffff0000u) * x0.y;
+    a += __uint_as_float(w[1] << 16) * x0.z; b += __uint_as_float(w[1] & 0xffff0000u) * x0.w;
+    a += __uint_as_float(w[2] << 16) * x1.x; b += __uint_as_float(w[2] & 0xffff0000u) * x1.y;
+    a += __uint_as_float(w[3] << 16) * x1.z; b += __uint_as_float(w[3] & 0xffff0000u) * x1.w;
+    return a + b;
+}
+
+template <> __device__ __forceinline__ float gf_chunk_dot<WF_FP8>(uint4 q, const float *xs, const float *) {
+    const uint32_t w[4] = {q.x, q.y, q.z, q.w};
+#if defined(GF_HW_CVT)
+    f32x2 acc = pair(0.0f, 0.0f);
+    UNROLL for (int k = 0; k < 4; k++) {
+        const float4 xv = *(const float4 *)(xs + 4 * k);
+        acc += __builtin_amdgcn_cvt_pk_f32_fp8((int)w[k], false) * pair(xv.x, xv.y);
+        acc += __builtin_amdgcn_cvt_pk_f32_fp8((int)w[k], true) * pair(xv.z, xv.w);
+    }
+    return acc.x + acc.y;
+#else
+    float a = 0.0f, b = 0.0f;
+    UNROLL for (int k = 0; k < 4; k++) {
+        const float4 xv = *(const float4 *)(xs + 4 * k);
+        a += e4m3_bits(w[k]) * xv.x; b += e4m3_bits(w[k] >> 8) * xv.y;
+        a += e4m3_bits(w[k] >> 16) * xv.z; b += e4m3_bits(w[k] >> 24) * xv.w;
+    }
+    if (e4m3_nan_bytes(w[0]) | e4m3_nan_bytes(w[1]) | e4m3_nan_bytes(w[2]) | e4m3_nan_bytes(w[3])) return __uint_as_float(0x7fc00000u);
+    return a + b;
+#endif
+}
+
+template <> __device__ __forceinline__ float gf_chunk_dot<WF_MXFP4>(uint4 q, const float *xs, const float *lut) {
+    const uint32_t w[4] = {q.x, q.y, q.z, q.w};
+#if defined(GF_HW_CVT)
+    /* byte_sel picks the byte; the low nibble (the lower column) comes out in .x */
+    f32x2 acc = pair(0.0f, 0.0f);
+    (void)lut;
+    UNROLL for (int k = 0; k < 4; k++) {
+        const float4 x0 = *(const float4 *)(xs + 8 * k), x1 = *(const float4 *)(xs + 8 * k + 4);
+        acc += __builtin_amdgcn_cvt_scalef32_pk_f32_fp4(w[k], 1.0f, 0) * pair(x0.x, x0.y);
+        acc += __builtin_amdgcn_cvt_scalef32_pk_f32_fp4(w[k], 1.0f, 1) * pair(x0.z, x0.w);
+        acc += __builtin_amdgcn_cvt_scalef32_pk_f32_fp4(w[k], 1.0f, 2) * pair(x1.x, x1.y);
+        acc += __builtin_amdgcn_cvt_scalef32_pk_f32_fp4(w[k], 1.0f, 3) * pair(x1.z, x1.w);
+    }
+    return acc.x + acc.y;
+#else
+    /* a table lookup per nibble (one shared-memory read, the index from a bit-field
+     * extract) costs fewer instructions than e2m1_bits' four; lut is this lane's bank */
+    float a = 0.0f, b = 0.0f;
+    UNROLL for (int k = 0; k < 4; k++) {
+        const float4 x0 = *(const float4 *)(xs + 8 * k), x1 = *(const float4 *)(xs + 8 * k + 4);
+        a += lut[32 * (w[k] & 15)] * x0.x;         b += lut[32 * ((w[k] >> 4) & 15)] * x0.y;
+        a += lut[32 * ((w[k] >> 8) & 15)] * x0.z;  b += lut[32 * ((w[k] >> 12) & 15)] * x0.w;
+        a += lut[32 * ((w[k] >> 16) & 15)] * x1.x; b += lut[32 * ((w[k] >> 20) & 15)] * x1.y;
+        a += lut[32 * ((w[k] >> 24) & 15)] * x1.z; b += lut[32 * (w[k] >> 28)] * x1.w;
+    }
+    return a + b;
+#endif
+}
+
+/* The block scale of chunk c of row r (1 for BF16). */
+template <int FMT> __device__ __forceinline__ float gf_scale(const DMat &W, size_t r, int c) {
+    if (FMT == WF_MXFP4) return e8m0_f32(W.mx_scale[r * (W.cols / 32) + c]);
+    if (FMT == WF_FP8) return W.fp8_scale[(r / 128) * ((W.cols + 127) / 128) + c * 16 / 128];
+    return 1.0f;
+}
+
+/* y[t][i] (+ the k split's partials) for the block's GF_BLOCK_ROWS rows of W from row r0,
+ * over chunks [c0, c1), n <= NT tokens; `part` non-NULL: write this split's partial sums
+ * there ([n][nr], this split's slice) instead of y. */
+template <int FMT, int NT>
+__device__ void gemv_fast_rows(const DMat &W, const float *x, int ldx, float *y, int ldy, int r0, int nr, int n, int c0, int c1) {
+    enum { CE = GfFormat<FMT>::CE, CS = CE + 4 /* padded chunk in shared memory */, PIECE = GF_XS_FLOATS / (NT * CS) };
+    __shared__ __attribute__((aligned(16))) float xs[GF_XS_FLOATS];
+    __shared__ float e2m1_lut[16][32];
+    const float *lut = &e2m1_lut[0][threadIdx.x % 32];
+    if (FMT == WF_MXFP4) {
+        for (int i = threadIdx.x; i < 16 * 32; i += blockDim.x) e2m1_lut[i / 32][i % 32] = e2m1_f32(i / 32);
+    }
+    const int lane = threadIdx.x % WAVE, wid = threadIdx.x / WAVE;
+    const int i0 = blockIdx.x * GF_BLOCK_ROWS + wid * GF_RPW; /* this wave's first row (of nr) */
+    const int row_bytes = FMT == WF_BF16 ? W.cols * 2 : FMT == WF_FP8 ? W.cols : W.cols / 2;
+    const uint8_t *wrow[GF_RPW];
+    size_t rr[GF_RPW];
+    UNROLL for (int j = 0; j < GF_RPW; j++) {
+        rr[j] = (size_t)(r0 + (i0 + j < nr ? i0 + j : nr - 1)); /* clamped: loaded, never stored */
+        wrow[j] = W.w + rr[j] * row_bytes;
+    }
+    float acc[NT][GF_RPW];
+    UNROLL for (int t = 0; t < NT; t++) UNROLL for (int j = 0; j < GF_RPW; j++) acc[t][j] = 0.0f;
+    for (int p0 = c0; p0 < c1; p0 += PIECE) {
+        const int pn = c1 - p0 < PIECE ? c1 - p0 : PIECE;
+        __syncthreads(); /* the previous piece is read by every wave */
+        for (int t = 0; t < n; t++)
+            for (int e = threadIdx.x; e < pn * CE; e += blockDim.x)
+                xs[(t * PIECE + e / CE) * CS + e % CE] = x[(size_t)t * ldx + (size_t)p0 * CE + e];
+        __syncthreads();
+        if (i0 >= nr || lane >= pn) continue; /* uniform per wave, after the barrier */
+        uint4 q[GF_RPW], qn[GF_RPW];
+        UNROLL for (int j = 0; j < GF_RPW; j++) q[j] = ((const uint4 *)wrow[j])[p0 + lane];
+        for (int c = lane; c < pn; c += WAVE) {
+            const int cn = c + WAVE < pn ? c + WAVE : c; /* the next step's chunk, clamped */
+            UNROLL for (int j = 0; j < GF_RPW; j++) qn[j] = ((const uint4 *)wrow[j])[p0 + cn];
+            UNROLL for (int j = 0; j < GF_RPW; j++) {
+                const float s = gf_scale<FMT>(W, rr[j], p0 + c);
+                UNROLL for (int t = 0; t < NT; t++)
+                    if (t < n) acc[t][j] += gf_chunk_dot<FMT>(q[j], xs + (t * PIECE + c) * CS, lut) * s;
+            }
+            UNROLL for (int j = 0; j < GF_RPW; j++) q[j] = qn[j];
+        }
+    }
+    UNROLL for (int t = 0; t < NT; t++) UNROLL for (int j = 0; j < GF_RPW; j++) {
+        const float s = wave_sum(acc[t][j]);
+        if (lane == 0 && t < n && i0 + j < nr) y[(size_t)t * ldy + i0 + j] = s;
+    }
+}
+
+/* Split k over gridDim.y blocks per row range: split ks writes its sums to its slice of
+ * `part` ([z][ks][t][nr]); the last of a row range's splits to finish (a counter per row
+ * range and z, left at 0 again) adds them in split order into y. */
+template <int FMT, int NT>
+__global__ void __launch_bounds__(BLOCK) k_gemv_fast(DMat W, const float *x, int ldx, float *y, int ldy, int r0, int nr, int n, int zr, int zx, int zy,
+                                                     float *part, unsigned *count) {
+    const int z = blockIdx.z, ks = blockIdx.y, nks = gridDim.y, chunks = W.cols / GfFormat<FMT>::CE;
+    const int c0 = (int)((long)chunks * ks / nks), c1 = (int)((long)chunks * (ks + 1) / nks);
+    x += (size_t)z * zx;
+    y += (size_t)z * zy;
+    r0 += z * zr;
+    if (nks == 1) { gemv_fast_rows<FMT, NT>(W, x, ldx, y, ldy, r0, nr, n, c0, c1); return; }
+    float *mine = part + ((size_t)z * nks + ks) * n * nr;
+    gemv_fast_rows<FMT, NT>(W, x, ldx, mine, nr, r0, nr, n, c0, c1);
+    __shared__ unsigned arrived;
+    __threadfence(); /* this split's sums are visible before the count says so */
+    __syncthreads();
+    if (threadIdx.x == 0) arrived = atomicAdd(&count[(size_t)z * gridDim.x + blockIdx.x], 1u);
+    __syncthreads();
+    if (arrived != (unsigned)nks - 1) return;
+    __threadfence(); /* ... and read after it */
+    const int i_lo = blockIdx.x * GF_BLOCK_ROWS, i_n = nr - i_lo < GF_BLOCK_ROWS ? nr - i_lo : GF_BLOCK_ROWS;
+    for (int e = threadIdx.x; e < n * i_n; e += blockDim.x) {
+        const int t = e / i_n, i = i_lo + e % i_n;
+        float s = 0.0f;
+        for (int k = 0; k < nks; k++) s += ((volatile const float *)part)[(((size_t)z * nks + k) * n + t) * nr + i];
+        y[(size_t)t * ldy + i] = s;
+    }
+    if (threadIdx.x == 0) count[(size_t)z * gridDim.x + blockIdx.x] = 0;
+}
+
+/* The routed experts (decode): block row y is one (token, slot) pair, as k_gemv_experts.
+ * Every expert of the layer has format FMT (checked at upload). */
+template <int FMT>
+__global__ void __launch_bounds__(BLOCK) k_gemv_experts_fast(const DMat *table, const int *idx, const float *x, int ldx, int x_div, float *y, int ldy, int nr) {
+    const int slot = blockIdx.y;
+    DMat W = table[idx[slot]];
+#if defined(__AMDGCN__) && defined(__HIP_DEVICE_COMPILE__)
+    /* the pointers come from memory, so the compiler cannot tell they are global and
+     * would use flat loads, which also wait on shared memory; they always are */
+    __builtin_assume(!__builtin_amdgcn_is_shared((const void *)W.w) && !__builtin_amdgcn_is_private((const void *)W.w));
+    __builtin_assume(!__builtin_amdgcn_is_shared((const void *)W.mx_scale) && !__builtin_amdgcn_is_private((const void *)W.mx_scale));
+    __builtin_assume(!__builtin_amdgcn_is_shared((const void *)W.fp8_scale) && !__builtin_amdgcn_is_private((const void *)W.fp8_scale));
+#endif
+    gemv_fast_rows<FMT, 1>(W, x + (size_t)(slot / x_div) * ldx, 0, y + (size_t)slot * ldy, 0, 0, nr, 1, 0, W.cols / GfFormat<FMT>::CE);
 }
 
 /* ======================================================================== */
@@ -884,6 +1134,17 @@ __global__ void __launch_bounds__(BLOCK) k_sample(const float *logits, int V, fl
 
 static void dfree(const void *p) { if (p) CHECK(hipFree((void *)p)); }
 
+/* The fast products (section 3b) read whole 16-byte chunks of a row in one format. */
+static bool gemv_fast_ok(int fmt, int cols) {
+    return (fmt == WF_BF16 && cols % 8 == 0) || (fmt == WF_FP8 && cols % 16 == 0) || fmt == WF_MXFP4;
+}
+
+/* Per device: where the split products keep their partial sums (the device's scratch,
+ * or for the kernel tests an allocation of their own), and its compute units. */
+#define GF_PART_FLOATS (1 << 18) /* 1 MB: ks x tokens x rows of one split product */
+#define GF_COUNTS 8192           /* row ranges x z of one split product */
+static struct { float *part; unsigned *count; int cus; } g_split[GPU_MAX_DEVICES];
+
 /* A bump allocator over one device allocation. With base == NULL it only counts,
  * which is how the plan learns each device's bytes before anything is allocated. */
 struct Arena {
@@ -904,6 +1165,7 @@ struct GLayer {          /* a Layer whose matrices and vectors live on its devic
     float *input_norm, *post_norm, *q_a_norm, *kv_a_norm, *ix_knorm_w, *ix_knorm_b, *router_bias;
     DMat q_a, q_b, kv_a, kv_b, o, ix_wq_b, ix_wk, ix_weights, gate, up, down, router, sh_gate, sh_up, sh_down;
     DMat *ex_gate, *ex_up, *ex_down; /* device tables [E] */
+    int ex_fmt[3];       /* gate, up, down: the format every expert shares, or -1 (k_gemv_experts_fast) */
     int has_indexer;
     float *latent;       /* [T][KR+DR] this layer's cache */
     float *index_k;      /* [T][ID] (full layers) */
@@ -921,6 +1183,8 @@ struct GDev {            /* one device: its layer range, weights, cache and a Ru
     float *eh;           /* [cap][2H] the MTP layer's input (last device, with an MTP layer) */
     int *sel, *n_sel, *ex_idx, *tokens, *cand, *sample_out;
     int cand_n;
+    float *split_part;   /* [GF_PART_FLOATS] the split products' partial sums (k_gemv_fast) */
+    unsigned *split_count; /* [GF_COUNTS] their arrival counters, kept at 0 between launches */
 };
 
 struct GMtp {            /* the MTP layer (glm.h Mtp) on the last device, its cache rows in that device's KV arena */
@@ -980,6 +1244,13 @@ static float *up_vec(GpuModel *g, Arena *A, const float *v, int n) {
     return d;
 }
 
+/* The format all E experts share if the fast expert kernel can read it, else -1. */
+static int experts_fmt(const Mat *ex, int E) {
+    for (int e = 1; e < E; e++)
+        if (ex[e].fmt != ex[0].fmt) return -1;
+    return E > 0 && gemv_fast_ok(ex[0].fmt, ex[0].cols) ? ex[0].fmt : -1;
+}
+
 static DMat *up_experts(GpuModel *g, Arena *A, const Mat *ex, int E) {
     DMat *host = (DMat *)calloc((size_t)E, sizeof(DMat));
     if (!host) glm_fatal("out of memory");
@@ -1022,6 +1293,9 @@ static void up_layer(GpuModel *g, Arena *A, GLayer *G, const Layer *L, int dense
             G->sh_up = up_mat(g, A, &L->sh_up);
             G->sh_down = up_mat(g, A, &L->sh_down);
         }
+        G->ex_fmt[0] = experts_fmt(L->ex_gate, c->n_experts);
+        G->ex_fmt[1] = experts_fmt(L->ex_up, c->n_experts);
+        G->ex_fmt[2] = experts_fmt(L->ex_down, c->n_experts);
         G->ex_gate = up_experts(g, A, L->ex_gate, c->n_experts);
         G->ex_up = up_experts(g, A, L->ex_up, c->n_experts);
         G->ex_down = up_experts(g, A, L->ex_down, c->n_experts);
@@ -1075,6 +1349,8 @@ static void take_scratch(GpuModel *g, GDev *D, int last) {
     D->eh2 = (float *)arena_take(A, B * c->n_active * c->moe_inter * F);
     D->ex_y = (float *)arena_take(A, B * c->n_active * c->hidden * F);
     D->tokens = (int *)arena_take(A, B * sizeof(int));
+    D->split_part = (float *)arena_take(A, GF_PART_FLOATS * F);
+    D->split_count = (unsigned *)arena_take(A, GF_COUNTS * sizeof(unsigned));
     if (last) {
         int P = 1;
         while (P < c->vocab_size) P <<= 1;
@@ -1289,6 +1565,9 @@ extern "C" GpuModel *gpu_load(const Model *m, int n_gpus, int ctx) {
         }
         D->scratch = dev_alloc(D, D->scratch.size, "scratch");
         take_scratch(g, D, d == n_gpus - 1);
+        CHECK(hipMemset(D->split_count, 0, GF_COUNTS * sizeof(unsigned)));
+        g_split[d].part = D->split_part;
+        g_split[d].count = D->split_count;
         CHECK(hipMemcpy(D->rope, rt, (size_t)ctx * c->qk_rope * sizeof(float), hipMemcpyHostToDevice));
     }
     free(rt);
@@ -1307,6 +1586,8 @@ extern "C" void gpu_free(GpuModel *g) {
     for (int d = 0; d < g->n_dev; d++) {
         GDev *D = &g->dev[d];
         CHECK(hipSetDevice(d));
+        g_split[d].part = NULL; /* it lived in the scratch */
+        g_split[d].count = NULL;
         for (int i = 0; i < D->n_allocs; i++) dfree(D->allocs[i]);
         free(D->allocs);
     }
@@ -1320,9 +1601,42 @@ extern "C" void gpu_free(GpuModel *g) {
 
 static unsigned blocks_for(size_t n) { size_t b = (n + BLOCK - 1) / BLOCK; return (unsigned)(b < 4096 ? (b ? b : 1) : 4096); }
 
+/* A split product fills the GPU: enough splits of k that row ranges x splits give every
+ * compute unit two blocks, each split at least GF_MIN_SPLIT_CHUNKS chunks (a step for
+ * every lane); 1 where the rows alone are enough or the scratch is too small. */
+static int g_split_min_chunks = GF_MIN_SPLIT_CHUNKS; /* the kernel tests lower it to split small shapes */
+static int gemv_splits(int dev, int row_blocks, int nz, int n, int nr, int chunks) {
+    if (!g_split[dev].cus) {
+        hipDeviceProp_t p;
+        CHECK(hipGetDeviceProperties(&p, dev));
+        g_split[dev].cus = p.multiProcessorCount > 0 ? p.multiProcessorCount : 1;
+    }
+    const int blocks = row_blocks * nz;
+    int ks = (2 * g_split[dev].cus + blocks - 1) / blocks, most = chunks / g_split_min_chunks;
+    if (ks > most) ks = most;
+    if (ks > GF_MAX_SPLIT) ks = GF_MAX_SPLIT;
+    if (ks < 2 || !g_split[dev].part || (size_t)nz * ks * n * nr > GF_PART_FLOATS || (size_t)blocks > GF_COUNTS) return 1;
+    return ks;
+}
+
+template <int FMT>
+static void gemv_fast(float *y, int ldy, const float *x, int ldx, const DMat &W, int r0, int nr, int n, int nz, int zr, int zx, int zy) {
+    int dev;
+    CHECK(hipGetDevice(&dev));
+    const int rb = (nr + GF_BLOCK_ROWS - 1) / GF_BLOCK_ROWS, ks = gemv_splits(dev, rb, nz, n, nr, W.cols / GfFormat<FMT>::CE);
+    /* (a variable: the template's comma would split the macro's arguments) */
+    void (*k)(DMat, const float *, int, float *, int, int, int, int, int, int, int, float *, unsigned *) =
+        n == 1 ? k_gemv_fast<FMT, 1> : k_gemv_fast<FMT, GEMV_MAXN>;
+    LAUNCHED(k, dim3(rb, ks, nz), dim3(BLOCK), 0, 0, W, x, ldx, y, ldy, r0, nr, n, zr, zx, zy, g_split[dev].part, g_split[dev].count);
+}
+
 /* matmul_rows: n tokens, nz independent products offset by zr rows / zx, zy floats. */
 static void matmul_rows(float *y, int ldy, const float *x, int ldx, const DMat &W, int r0, int nr, int n, int nz = 1, int zr = 0, int zx = 0, int zy = 0) {
-    if (n == 1)
+    if (!g_plain_kernels && n <= GEMV_MAXN && gemv_fast_ok(W.fmt, W.cols)) {
+        if (W.fmt == WF_BF16) gemv_fast<WF_BF16>(y, ldy, x, ldx, W, r0, nr, n, nz, zr, zx, zy);
+        else if (W.fmt == WF_FP8) gemv_fast<WF_FP8>(y, ldy, x, ldx, W, r0, nr, n, nz, zr, zx, zy);
+        else gemv_fast<WF_MXFP4>(y, ldy, x, ldx, W, r0, nr, n, nz, zr, zx, zy);
+    } else if (n == 1)
         LAUNCHED(k_gemv1, dim3((nr + GEMV_ROWS - 1) / GEMV_ROWS, 1, nz), dim3(BLOCK), 0, 0, W, x, ldx, y, ldy, r0, nr, zr, zx, zy);
     else if (n <= GEMV_MAXN)
         LAUNCHED(k_gemvn, dim3((nr + GEMV_ROWS - 1) / GEMV_ROWS, 1, nz), dim3(BLOCK), 0, 0, W, x, ldx, y, ldy, r0, nr, n, zr, zx, zy);
@@ -1388,6 +1702,18 @@ static void swiglu(GDev *D, float *y, const float *x, const DMat &gate, const DM
     matmul(y, D->h1, down, n);
 }
 
+/* One routed-expert product for every (token, slot): y[slot] = W[idx[slot]] · x[slot / x_div]
+ * (nr rows each); fmt: the layer's experts' shared format, or -1 (the plain kernel). */
+static void experts(const DMat *table, int fmt, const int *idx, const float *x, int ldx, int x_div, float *y, int ldy, int nr, unsigned slots) {
+    void (*k)(const DMat *, const int *, const float *, int, int, float *, int, int) = k_gemv_experts;
+    unsigned rows_per_block = GEMV_ROWS;
+    if (!g_plain_kernels && fmt >= 0) {
+        k = fmt == WF_BF16 ? k_gemv_experts_fast<WF_BF16> : fmt == WF_FP8 ? k_gemv_experts_fast<WF_FP8> : k_gemv_experts_fast<WF_MXFP4>;
+        rows_per_block = GF_BLOCK_ROWS;
+    }
+    LAUNCHED(k, dim3((nr + rows_per_block - 1) / rows_per_block, slots), dim3(BLOCK), 0, 0, table, idx, x, ldx, x_div, y, ldy, nr);
+}
+
 static void moe(GpuModel *g, GDev *D, const GLayer *L, const float *x, float *y, int n) {
     const Config *c = &g->c;
     const int H = c->hidden, A = c->n_active, FI = c->moe_inter;
@@ -1397,11 +1723,10 @@ static void moe(GpuModel *g, GDev *D, const GLayer *L, const float *x, float *y,
     if (c->n_shared) swiglu(D, y, x, L->sh_gate, L->sh_up, L->sh_down, n); /* unscaled (pitfall 8) */
     else CHECK(hipMemsetAsync(y, 0, (size_t)n * H * sizeof(float), 0));
     const unsigned slots = (unsigned)(n * A);
-    LAUNCHED(k_gemv_experts, dim3((FI + GEMV_ROWS - 1) / GEMV_ROWS, slots), dim3(BLOCK), 0, 0, (const DMat *)L->ex_gate, (const int *)D->ex_idx, x, H, A, D->eh1, FI, FI);
-    LAUNCHED(k_gemv_experts, dim3((FI + GEMV_ROWS - 1) / GEMV_ROWS, slots), dim3(BLOCK), 0, 0, (const DMat *)L->ex_up, (const int *)D->ex_idx, x, H, A, D->eh2, FI, FI);
+    experts(L->ex_gate, L->ex_fmt[0], D->ex_idx, x, H, A, D->eh1, FI, FI, slots);
+    experts(L->ex_up, L->ex_fmt[1], D->ex_idx, x, H, A, D->eh2, FI, FI, slots);
     LAUNCHED(k_silu_mul, dim3(blocks_for((size_t)slots * FI)), dim3(BLOCK), 0, 0, D->eh1, (const float *)D->eh2, (size_t)slots * FI);
-    LAUNCHED(k_gemv_experts, dim3((H + GEMV_ROWS - 1) / GEMV_ROWS, slots), dim3(BLOCK), 0, 0, (const DMat *)L->ex_down, (const int *)D->ex_idx, (const float *)D->eh1, FI, 1,
-           D->ex_y, H, H);
+    experts(L->ex_down, L->ex_fmt[2], D->ex_idx, D->eh1, FI, 1, D->ex_y, H, H, slots);
     LAUNCHED(k_moe_combine, dim3(n), dim3(BLOCK), 0, 0, y, (const float *)D->ex_y, (const float *)D->ex_w, A, H);
 }
 
@@ -1624,9 +1949,18 @@ static DMat dev_mat(const Mat *W) {
 }
 static void dev_mat_free(DMat *d) { dfree(d->w); dfree(d->fp8_scale); dfree(d->mx_scale); }
 
+/* The split products' smallest split (in chunks): the tests lower it so that their small
+ * matrices are split along k as GLM-5.2's router and kv_a are. */
+extern "C" void gpuk_gemv_split_min(int chunks) { g_split_min_chunks = chunks > 0 ? chunks : GF_MIN_SPLIT_CHUNKS; }
+
 /* y[t][i] = x[t] · W[r0+i] for n tokens, i < nr (matmul_rows; picks gemv or tiled by n) */
 extern "C" void gpuk_matmul_rows(float *y, const float *x, const Mat *W, int r0, int nr, int n) {
     CHECK(hipSetDevice(0));
+    if (!g_split[0].part) { /* no model loaded: scratch of the tests' own */
+        g_split[0].part = (float *)dev_copy(NULL, GF_PART_FLOATS * sizeof(float));
+        g_split[0].count = (unsigned *)dev_copy(NULL, GF_COUNTS * sizeof(unsigned));
+        CHECK(hipMemset(g_split[0].count, 0, GF_COUNTS * sizeof(unsigned)));
+    }
     DMat d = dev_mat(W);
     float *dx = (float *)dev_copy(x, (size_t)n * W->cols * sizeof(float)), *dy = (float *)dev_copy(NULL, (size_t)n * nr * sizeof(float));
     matmul_rows(dy, nr, dx, W->cols, d, r0, nr, n);

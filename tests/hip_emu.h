@@ -398,6 +398,37 @@ inline unsigned __float_as_uint(float f) { unsigned i; memcpy(&i, &f, 4); return
 inline int atomicAdd(int *p, int v) { return __atomic_fetch_add(p, v, __ATOMIC_RELAXED); }
 inline unsigned atomicAdd(unsigned *p, unsigned v) { return __atomic_fetch_add(p, v, __ATOMIC_RELAXED); }
 
+/* __threadfence: this thread's global writes before it are seen before its writes after it
+ * (the split products' "last block adds up" handshake relies on it). */
+inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+
+/* gfx950's conversion instructions, as AMD's CDNA4 ISA guide describes them, so that
+ * the code the MI355X build runs (glm_hip.hip's GF_HW_CVT paths, compiled here with
+ * -DGLM_EMU_GFX950) is tested too. The lower nibble / byte of each pair comes out in .x
+ * (composable_kernel reads a lone nibble's value from .x; FlyDSL's pack/unpack round
+ * trip keeps the first value low): docs/FORMATS.md §6.6. */
+struct f32x2 { float x, y; };
+inline float emu_e2m1(unsigned c) {
+    static const float mag[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+    return (c & 8) ? -mag[c & 7] : mag[c & 7];
+}
+/* v_cvt_scalef32_pk_f32_fp4: the two E2M1 nibbles of byte `byte_sel` of src, times scale */
+inline f32x2 __builtin_amdgcn_cvt_scalef32_pk_f32_fp4(unsigned src, float scale, int byte_sel) {
+    unsigned b = (src >> (8 * byte_sel)) & 0xff;
+    return f32x2{emu_e2m1(b & 15) * scale, emu_e2m1(b >> 4) * scale};
+}
+/* v_cvt_pk_f32_fp8 (gfx950: OCP E4M3FN): bytes 0,1 of src (hi = false) or 2,3 */
+inline float emu_e4m3(unsigned b) {
+    unsigned e = (b >> 3) & 15, m = b & 7;
+    float v = e ? std::ldexp(1.0f + (float)m / 8.0f, (int)e - 7) : std::ldexp((float)m, -9);
+    if ((b & 0x7f) == 0x7f) v = NAN;
+    return (b & 0x80) ? -v : v;
+}
+inline f32x2 __builtin_amdgcn_cvt_pk_f32_fp8(int src, bool hi) {
+    unsigned w = (unsigned)src >> (hi ? 16 : 0);
+    return f32x2{emu_e4m3(w & 0xff), emu_e4m3((w >> 8) & 0xff)};
+}
+
 /* ---- the runtime API on virtual devices --------------------------------------------- */
 typedef int hipError_t;
 enum { hipSuccess = 0, hipErrorOutOfMemory = 2, hipErrorInvalidValue = 1, hipErrorInvalidDevice = 101 };
@@ -457,7 +488,7 @@ inline hipError_t hipGetDeviceProperties(hipDeviceProp_t *p, int d) {
     snprintf(p->name, sizeof p->name, "emulated device %d (wave %d)", d, WAVE);
     snprintf(p->gcnArchName, sizeof p->gcnArchName, "emu");
     p->totalGlobalMem = emu_dev.cap;
-    p->multiProcessorCount = 1;
+    p->multiProcessorCount = 8; /* a small GPU: matrices with few rows get split along k */
     p->warpSize = WAVE;
     return hipSuccess;
 }

@@ -194,9 +194,15 @@ fuzz/bin/fuzz_request: fuzz/fuzz_request.c $(SRC) $(HDR) | build/tokenizer.json
 	@mkdir -p fuzz/bin
 	$(FUZZCC) $(FUZZFLAGS) -Dmain=glm_cli_main -o $@ fuzz/fuzz_request.c $(filter-out serve.c,$(SRC)) $(LIBS)
 
+# The static ISA report (tests/gpu_isa_report.sh): registers, spills, LDS and waves per SIMD of
+# every kernel for gfx942 and gfx950, and the GEMV hot loops' instructions per 4 KB of weights,
+# from clang-22's assembly with the ROCm device libraries linked. No GPU needed.
+isa-report:
+	bash tests/gpu_isa_report.sh
+
 clean:
 	rm -f glm glm_asan glm_hip glm_cuda glm_emu glm_emu32 glm_emu64
-	rm -rf build/gpu build/hip build/cuda build/hip-* build/cuda-* build/emu32 build/emu64 build/emu.flags build/gpu_ktest* build/compile_check
+	rm -rf build/gpu build/hip build/cuda build/hip-* build/cuda-* build/emu32 build/emu64 build/emu.flags build/gpu_ktest* build/compile_check build/isa_report
 	rm -rf fuzz/bin
 
 # The benchmark of issue 6: a 2-layer checkpoint with GLM-5.2's widths (layer 0 dense,
@@ -219,4 +225,4 @@ bench-serve: glm
 	./glm loadgen http://127.0.0.1:8091 --input 2000 --output 100 --shared 0 --concurrency 1 --requests 4 || rc=1; \
 	exit $$rc
 
-.PHONY: test test-asan clean demo bench bench-serve fuzz hip cuda emu deps
+.PHONY: test test-asan clean demo bench bench-serve fuzz hip cuda emu deps isa-report

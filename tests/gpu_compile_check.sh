@@ -4,10 +4,10 @@
 #     build/hip-gfx90a/glm_hip
 #   nvcc for sm_90 (H100/H200): host + device, linked into build/cuda-sm_90/glm_cuda
 #   Debian clang-22 for gfx942 (MI300X) and gfx950 (MI355X): device code generation
-#     (ISA, registers, LDS) with the ROCm 5.2 headers, assembled into an object. Not
-#     linked: Debian's ROCm 5.2 device libraries have no gfx942/gfx950 build, so the
-#     __ockl_* calls behind threadIdx stay unresolved; a real MI300X/MI355X build uses
-#     the machine's own ROCm (make hip).
+#     with the ROCm 5.2 headers, assembled into an object, without the device libraries
+#     (-nogpulib: threadIdx and __syncthreads stay external calls, so the register figures
+#     here are not those of the real kernels; tests/gpu_isa_report.sh links the libraries
+#     and reports them). A real MI300X/MI355X build uses the machine's own ROCm (make hip).
 # And that the GPU builds follow their target: a build with other flags recompiles (the
 # hipcc object is built with -O2, then with the -Werror flags above, which must recompile
 # it), an unchanged command rebuilds nothing, and make hip for another GPU_ARCH compiles

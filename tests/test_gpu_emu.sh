@@ -18,7 +18,9 @@
 #     above every layer it loads with the same logits; below a layer, one error line names it;
 #   - the compile checks for real GPUs, and that the GPU builds follow their target:
 #     other flags or another GPU_ARCH recompile, each target in its own build/ folder, and
-#     ./glm_hip / ./glm_cuda are not created (tests/gpu_compile_check.sh).
+#     ./glm_hip / ./glm_cuda are not created (tests/gpu_compile_check.sh);
+#   - the static ISA report for gfx942/gfx950 with the ROCm device libraries linked: no
+#     kernel spills or uses scratch (tests/gpu_isa_report.sh; the tables in $OUT/isa_report.log).
 # Run from the repository root (test.sh does). Prints "N passed, N failed".
 set -u
 cd "$(dirname "$0")/.."
@@ -258,6 +260,8 @@ if [ -n "${SAN:-}" ]; then echo "NOTE compile checks: run by the plain pass (mak
 else
     bash tests/gpu_compile_check.sh >"$OUT/compile.log" 2>&1
     count "$OUT/compile.log" "compile checks"
+    bash tests/gpu_isa_report.sh >"$OUT/isa_report.log" 2>&1
+    count "$OUT/isa_report.log" "ISA report"
 fi
 
 echo "($(( $(date +%s) - t_start )) s)"

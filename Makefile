@@ -59,7 +59,7 @@ test-asan: glm_asan
 # objects; build/emu.flags: CXX). make hip / make cuda point ./glm_hip / ./glm_cuda
 # (symlinks) at the folder of the target asked for and print it; make hip-dir / cuda-dir
 # print the folder (tests/gpu_check.sh). build/gpu_ktest{64,32}: the emulation's kernel tests;
-# build/gpu_ktest_gfx950 the same at wave 64 with gfx950's conversion paths (GLM_EMU_GFX950).
+# build/gpu_ktest_gfx950 / _gfx942 the same at wave 64 with those GPUs' conversion paths.
 MAIN_SRC   = cli.c# the file with main() (left out of the kernel tests)
 GPU_ARCH  ?= gfx942,gfx950
 CUDA_ARCH ?= sm_90
@@ -112,9 +112,9 @@ $(HIP_DIR)/glm_hip.o: glm_hip.hip glm.h $(HIP_DIR)/flags
 	$(HIP_CMD) -c glm_hip.hip -o $@
 $(CUDA_DIR)/glm_hip.o: glm_hip.hip glm.h $(CUDA_DIR)/flags
 	$(CUDA_CMD) -c glm_hip.hip -o $@
-build/emu-gfx950/glm_hip.o: glm_hip.hip glm.h tests/hip_emu.h build/emu.flags
+build/emu-gfx950/glm_hip.o build/emu-gfx942/glm_hip.o: build/emu-%/glm_hip.o: glm_hip.hip glm.h tests/hip_emu.h build/emu.flags
 	@mkdir -p $(@D)
-	$(EMU_CMD) -DWARP=64 -DGLM_EMU_GFX950 -c glm_hip.hip -o $@
+	$(EMU_CMD) -DWARP=64 -DGLM_EMU_$(shell echo $* | tr a-z A-Z) -c glm_hip.hip -o $@
 build/emu%/glm_hip.o: glm_hip.hip glm.h tests/hip_emu.h build/emu.flags
 	@mkdir -p $(@D)
 	$(EMU_CMD) -DWARP=$* -c glm_hip.hip -o $@
@@ -145,8 +145,8 @@ glm_emu64 glm_emu32: glm_emu%: $(GPU_COBJ) build/emu%/glm_hip.o
 	$(CXX) -pthread $(OMP) -o $@ $^ -lm
 build/gpu_ktest64 build/gpu_ktest32: build/gpu_ktest%: $(KTEST_COBJ) build/emu%/glm_hip.o
 	$(CXX) -pthread $(OMP) -o $@ $^ -lm
-# the kernel tests of the code only gfx950 (MI355X) runs: its conversion instructions, emulated
-build/gpu_ktest_gfx950: $(KTEST_COBJ) build/emu-gfx950/glm_hip.o
+# the kernel tests of the code only gfx950 (MI355X) or gfx942 (MI300X) runs: their conversion instructions, emulated
+build/gpu_ktest_gfx950 build/gpu_ktest_gfx942: build/gpu_ktest_%: $(KTEST_COBJ) build/emu-%/glm_hip.o
 	$(CXX) -pthread $(OMP) -o $@ $^ -lm
 emu: glm_emu$(WARP)
 	cp glm_emu$(WARP) glm_emu

@@ -502,12 +502,14 @@ __global__ void __launch_bounds__(BLOCK) k_gemm(DMat W, const float *x, int ldx,
  */
 #define GF_BLOCK_ROWS 16                        /* rows per block, whatever the wave width */
 #define GF_RPW (GF_BLOCK_ROWS / (BLOCK / WAVE)) /* rows a wave streams together: 4 (wave 64) or 2 (32) */
-#define GF_XS_FLOATS 6144                       /* shared memory for x: 24 KB */
+#define GF_XS_FLOATS 4096                       /* shared memory for x: 16 KB (MI300X: 4 blocks per CU) */
 #define GF_MAX_SPLIT 32                         /* k splits at most */
 #define GF_MIN_SPLIT_CHUNKS (2 * 64)            /* a split covers at least this many 16-byte chunks */
 
 #if defined(__gfx950__) || defined(GLM_EMU_GFX950)
 #define GF_HW_CVT 1 /* v_cvt_scalef32_pk_f32_fp4 and v_cvt_pk_f32_fp8 (OCP E4M3 on gfx950) */
+#elif defined(__gfx942__) || defined(GLM_EMU_GFX942)
+#define GF_FNUZ_CVT 1 /* v_cvt_pk_f32_fp8 decodes FNUZ E4M3 (bias 8) on gfx942 */
 #endif
 
 /* A pair of floats: on AMD a clang vector, so that x += a * b on it is one packed FMA
@@ -549,18 +551,36 @@ __device__ __forceinline__ uint32_t e4m3_nan_bytes(uint32_t w) {
     return (m - 0x01010101u) & ~m & 0x80808080u;
 }
 
-/* Σ_k W(q)[k] · xs[k] for one 16-byte chunk q of one row; xs is the chunk's x in shared
- * memory. MXFP4 and FP8 return the sum before the block scale (applied by the caller). */
+#if defined(GF_FNUZ_CVT)
+/* gfx942 has no OCP FP8 or FP4 conversion, only FNUZ E4M3 (bias 8, 0x80 is NaN, no
+ * other NaN). Its decode of a byte is half the OCP value for every byte but 0x80 (OCP
+ * -0) and S.1111.111 (OCP NaN); and the FNUZ byte S.0EE.M00 built from an E2M1 nibble
+ * S.EE.M is the nibble's value times 2^-7, subnormals included. So both formats go
+ * through the hardware two values per instruction, with the -0 bytes made +0 first
+ * and the factor folded into the caller's scale. */
+/* w with the sign cleared in every byte whose other seven bits are zero */
+__device__ __forceinline__ uint32_t fnuz_no_neg_zero(uint32_t w) {
+    return w & ((((w & 0x7f7f7f7fu) + 0x7f7f7f7fu) & 0x80808080u) | 0x7f7f7f7fu);
+}
+/* four nibbles, one per byte (bits 0-3 of each), as FNUZ bytes S.0EE.M00 (zero: 0x00) */
+__device__ __forceinline__ uint32_t fnuz_from_e2m1(uint32_t n4) {
+    const uint32_t mag = n4 & 0x07070707u, sign = n4 & (mag + 0x07070707u) & 0x08080808u;
+    return (sign << 4) | (mag << 2);
+}
+#endif
+
+/* Σ_k W(q)[k] · xs[k] for one 16-byte chunk q of one row; xs is the chunk's x, in registers
+ * (read from shared memory once for all the rows a wave streams). MXFP4 and FP8 return the
+ * sum before the block scale (applied by the caller). */
 template <int FMT> __device__ __forceinline__ float gf_chunk_dot(uint4 q, const float *xs, const float *lut);
 
 template <> __device__ __forceinline__ float gf_chunk_dot<WF_BF16>(uint4 q, const float *xs, const float *) {
     const uint32_t w[4] = {q.x, q.y, q.z, q.w};
-    const float4 x0 = *(const float4 *)xs, x1 = *(const float4 *)(xs + 4);
     float a = 0.0f, b = 0.0f;
-    a += __uint_as_float(w[0] << 16) * x0.x; b += __uint_as_float(w[0] & 0xffff0000u) * x0.y;
-    a += __uint_as_float(w[1] << 16) * x0.z; b += __uint_as_float(w[1] & 0xffff0000u) * x0.w;
-    a += __uint_as_float(w[2] << 16) * x1.x; b += __uint_as_float(w[2] & 0xffff0000u) * x1.y;
-    a += __uint_as_float(w[3] << 16) * x1.z; b += __uint_as_float(w[3] & 0xffff0000u) * x1.w;
+    UNROLL for (int k = 0; k < 4; k++) {
+        a += __uint_as_float(w[k] << 16) * xs[2 * k];
+        b += __uint_as_float(w[k] & 0xffff0000u) * xs[2 * k + 1];
+    }
     return a + b;
 }
 
@@ -569,17 +589,24 @@ template <> __device__ __forceinline__ float gf_chunk_dot<WF_FP8>(uint4 q, const
 #if defined(GF_HW_CVT)
     f32x2 acc = pair(0.0f, 0.0f);
     UNROLL for (int k = 0; k < 4; k++) {
-        const float4 xv = *(const float4 *)(xs + 4 * k);
-        acc += __builtin_amdgcn_cvt_pk_f32_fp8((int)w[k], false) * pair(xv.x, xv.y);
-        acc += __builtin_amdgcn_cvt_pk_f32_fp8((int)w[k], true) * pair(xv.z, xv.w);
+        acc += __builtin_amdgcn_cvt_pk_f32_fp8((int)w[k], false) * pair(xs[4 * k], xs[4 * k + 1]);
+        acc += __builtin_amdgcn_cvt_pk_f32_fp8((int)w[k], true) * pair(xs[4 * k + 2], xs[4 * k + 3]);
     }
     return acc.x + acc.y;
+#elif defined(GF_FNUZ_CVT)
+    f32x2 acc = pair(0.0f, 0.0f);
+    UNROLL for (int k = 0; k < 4; k++) {
+        const int v = (int)fnuz_no_neg_zero(w[k]);
+        acc += __builtin_amdgcn_cvt_pk_f32_fp8(v, false) * pair(xs[4 * k], xs[4 * k + 1]);
+        acc += __builtin_amdgcn_cvt_pk_f32_fp8(v, true) * pair(xs[4 * k + 2], xs[4 * k + 3]);
+    }
+    if (e4m3_nan_bytes(w[0]) | e4m3_nan_bytes(w[1]) | e4m3_nan_bytes(w[2]) | e4m3_nan_bytes(w[3])) return __uint_as_float(0x7fc00000u);
+    return 2.0f * (acc.x + acc.y); /* exact */
 #else
     float a = 0.0f, b = 0.0f;
     UNROLL for (int k = 0; k < 4; k++) {
-        const float4 xv = *(const float4 *)(xs + 4 * k);
-        a += e4m3_bits(w[k]) * xv.x; b += e4m3_bits(w[k] >> 8) * xv.y;
-        a += e4m3_bits(w[k] >> 16) * xv.z; b += e4m3_bits(w[k] >> 24) * xv.w;
+        a += e4m3_bits(w[k]) * xs[4 * k];           b += e4m3_bits(w[k] >> 8) * xs[4 * k + 1];
+        a += e4m3_bits(w[k] >> 16) * xs[4 * k + 2]; b += e4m3_bits(w[k] >> 24) * xs[4 * k + 3];
     }
     if (e4m3_nan_bytes(w[0]) | e4m3_nan_bytes(w[1]) | e4m3_nan_bytes(w[2]) | e4m3_nan_bytes(w[3])) return __uint_as_float(0x7fc00000u);
     return a + b;
@@ -593,24 +620,35 @@ template <> __device__ __forceinline__ float gf_chunk_dot<WF_MXFP4>(uint4 q, con
     f32x2 acc = pair(0.0f, 0.0f);
     (void)lut;
     UNROLL for (int k = 0; k < 4; k++) {
-        const float4 x0 = *(const float4 *)(xs + 8 * k), x1 = *(const float4 *)(xs + 8 * k + 4);
-        acc += __builtin_amdgcn_cvt_scalef32_pk_f32_fp4(w[k], 1.0f, 0) * pair(x0.x, x0.y);
-        acc += __builtin_amdgcn_cvt_scalef32_pk_f32_fp4(w[k], 1.0f, 1) * pair(x0.z, x0.w);
-        acc += __builtin_amdgcn_cvt_scalef32_pk_f32_fp4(w[k], 1.0f, 2) * pair(x1.x, x1.y);
-        acc += __builtin_amdgcn_cvt_scalef32_pk_f32_fp4(w[k], 1.0f, 3) * pair(x1.z, x1.w);
+        const float *xk = xs + 8 * k;
+        acc += __builtin_amdgcn_cvt_scalef32_pk_f32_fp4(w[k], 1.0f, 0) * pair(xk[0], xk[1]);
+        acc += __builtin_amdgcn_cvt_scalef32_pk_f32_fp4(w[k], 1.0f, 1) * pair(xk[2], xk[3]);
+        acc += __builtin_amdgcn_cvt_scalef32_pk_f32_fp4(w[k], 1.0f, 2) * pair(xk[4], xk[5]);
+        acc += __builtin_amdgcn_cvt_scalef32_pk_f32_fp4(w[k], 1.0f, 3) * pair(xk[6], xk[7]);
     }
     return acc.x + acc.y;
+#elif defined(GF_FNUZ_CVT)
+    /* even nibbles (bytes' low halves: columns 0, 2, 4, 6 of the word) and odd ones */
+    f32x2 acc = pair(0.0f, 0.0f);
+    (void)lut;
+    UNROLL for (int k = 0; k < 4; k++) {
+        const int lo = (int)fnuz_from_e2m1(w[k]), hi = (int)fnuz_from_e2m1(w[k] >> 4);
+        const float *xk = xs + 8 * k;
+        acc += __builtin_amdgcn_cvt_pk_f32_fp8(lo, false) * pair(xk[0], xk[2]);
+        acc += __builtin_amdgcn_cvt_pk_f32_fp8(lo, true) * pair(xk[4], xk[6]);
+        acc += __builtin_amdgcn_cvt_pk_f32_fp8(hi, false) * pair(xk[1], xk[3]);
+        acc += __builtin_amdgcn_cvt_pk_f32_fp8(hi, true) * pair(xk[5], xk[7]);
+    }
+    return 128.0f * (acc.x + acc.y); /* 2^7, exact */
 #else
     /* a table lookup per nibble (one shared-memory read, the index from a bit-field
      * extract) costs fewer instructions than e2m1_bits' four; lut is this lane's bank */
     float a = 0.0f, b = 0.0f;
-    UNROLL for (int k = 0; k < 4; k++) {
-        const float4 x0 = *(const float4 *)(xs + 8 * k), x1 = *(const float4 *)(xs + 8 * k + 4);
-        a += lut[32 * (w[k] & 15)] * x0.x;         b += lut[32 * ((w[k] >> 4) & 15)] * x0.y;
-        a += lut[32 * ((w[k] >> 8) & 15)] * x0.z;  b += lut[32 * ((w[k] >> 12) & 15)] * x0.w;
-        a += lut[32 * ((w[k] >> 16) & 15)] * x1.x; b += lut[32 * ((w[k] >> 20) & 15)] * x1.y;
-        a += lut[32 * ((w[k] >> 24) & 15)] * x1.z; b += lut[32 * (w[k] >> 28)] * x1.w;
-    }
+    UNROLL for (int k = 0; k < 4; k++)
+        UNROLL for (int i = 0; i < 8; i += 2) {
+            a += lut[32 * ((w[k] >> (4 * i)) & 15)] * xs[8 * k + i];
+            b += lut[32 * ((w[k] >> (4 * i + 4)) & 15)] * xs[8 * k + i + 1];
+        }
     return a + b;
 #endif
 }
@@ -626,7 +664,7 @@ template <int FMT> __device__ __forceinline__ float gf_scale(const DMat &W, size
  * over chunks [c0, c1), n <= NT tokens; `part` non-NULL: write this split's partial sums
  * there ([n][nr], this split's slice) instead of y. */
 template <int FMT, int NT>
-__device__ void gemv_fast_rows(const DMat &W, const float *x, int ldx, float *y, int ldy, int r0, int nr, int n, int c0, int c1) {
+__device__ __forceinline__ void gemv_fast_rows(const DMat &W, const float *x, int ldx, float *y, int ldy, int r0, int nr, int n, int c0, int c1) {
     enum { CE = GfFormat<FMT>::CE, CS = CE + 4 /* padded chunk in shared memory */, PIECE = GF_XS_FLOATS / (NT * CS) };
     __shared__ __attribute__((aligned(16))) float xs[GF_XS_FLOATS];
     __shared__ float e2m1_lut[16][32];
@@ -658,11 +696,22 @@ __device__ void gemv_fast_rows(const DMat &W, const float *x, int ldx, float *y,
         for (int c = lane; c < pn; c += WAVE) {
             const int cn = c + WAVE < pn ? c + WAVE : c; /* the next step's chunk, clamped */
             UNROLL for (int j = 0; j < GF_RPW; j++) qn[j] = ((const uint4 *)wrow[j])[p0 + cn];
-            UNROLL for (int j = 0; j < GF_RPW; j++) {
-                const float s = gf_scale<FMT>(W, rr[j], p0 + c);
-                UNROLL for (int t = 0; t < NT; t++)
-                    if (t < n) acc[t][j] += gf_chunk_dot<FMT>(q[j], xs + (t * PIECE + c) * CS, lut) * s;
-            }
+            float sc[GF_RPW];
+            UNROLL for (int j = 0; j < GF_RPW; j++) sc[j] = gf_scale<FMT>(W, rr[j], p0 + c);
+            /* one token: its x chunk in registers for all the rows; several: read again per
+             * row, since all their chunks at once would not fit in registers (the weights'
+             * cost is shared by the tokens then) */
+            UNROLL for (int j = 0; j < (NT == 1 ? 1 : GF_RPW); j++)
+                UNROLL for (int t = 0; t < NT; t++) if (t < n) {
+                    float xv[CE];
+                    const float *xt = xs + (t * PIECE + c) * CS;
+                    UNROLL for (int k = 0; k < CE; k += 4) {
+                        const float4 v = *(const float4 *)(xt + k);
+                        xv[k] = v.x; xv[k + 1] = v.y; xv[k + 2] = v.z; xv[k + 3] = v.w;
+                    }
+                    if (NT == 1) UNROLL for (int i = 0; i < GF_RPW; i++) acc[t][i] += gf_chunk_dot<FMT>(q[i], xv, lut) * sc[i];
+                    else acc[t][j] += gf_chunk_dot<FMT>(q[j], xv, lut) * sc[j];
+                }
             UNROLL for (int j = 0; j < GF_RPW; j++) q[j] = qn[j];
         }
     }

@@ -402,9 +402,9 @@ inline unsigned atomicAdd(unsigned *p, unsigned v) { return __atomic_fetch_add(p
  * (the split products' "last block adds up" handshake relies on it). */
 inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
 
-/* gfx950's conversion instructions, as AMD's CDNA4 ISA guide describes them, so that
- * the code the MI355X build runs (glm_hip.hip's GF_HW_CVT paths, compiled here with
- * -DGLM_EMU_GFX950) is tested too. The lower nibble / byte of each pair comes out in .x
+/* gfx950's and gfx942's conversion instructions, as AMD's CDNA3/CDNA4 ISA guides describe
+ * them, so that the code the MI355X and MI300X builds run (glm_hip.hip's GF_HW_CVT and
+ * GF_FNUZ_CVT paths, compiled here with -DGLM_EMU_GFX950 / -DGLM_EMU_GFX942) is tested too. The lower nibble / byte of each pair comes out in .x
  * (composable_kernel reads a lone nibble's value from .x; FlyDSL's pack/unpack round
  * trip keeps the first value low): docs/FORMATS.md §6.6. */
 struct f32x2 { float x, y; };
@@ -424,9 +424,20 @@ inline float emu_e4m3(unsigned b) {
     if ((b & 0x7f) == 0x7f) v = NAN;
     return (b & 0x80) ? -v : v;
 }
+/* gfx942 decodes FNUZ E4M3 instead (-DGLM_EMU_GFX942): bias 8, 0x80 is the only NaN, no -0 */
+inline float emu_e4m3_fnuz(unsigned b) {
+    if (b == 0x80) return NAN;
+    unsigned e = (b >> 3) & 15, m = b & 7;
+    float v = e ? std::ldexp(1.0f + (float)m / 8.0f, (int)e - 8) : std::ldexp((float)m, -10);
+    return (b & 0x80) ? -v : v;
+}
 inline f32x2 __builtin_amdgcn_cvt_pk_f32_fp8(int src, bool hi) {
     unsigned w = (unsigned)src >> (hi ? 16 : 0);
+#if defined(GLM_EMU_GFX942)
+    return f32x2{emu_e4m3_fnuz(w & 0xff), emu_e4m3_fnuz((w >> 8) & 0xff)};
+#else
     return f32x2{emu_e4m3(w & 0xff), emu_e4m3((w >> 8) & 0xff)};
+#endif
 }
 
 /* ---- the runtime API on virtual devices --------------------------------------------- */

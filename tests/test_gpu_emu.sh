@@ -2,7 +2,8 @@
 # The GPU forward pass (glm_hip.hip) without a GPU: its kernels run on the CPU under
 # tests/hip_emu.h, at wave width 64 (AMD) and 32 (NVIDIA), and must compute what
 # glm.c computes:
-#   - every kernel against glm.c's own op (tests/gpu/kernel_test.c), both widths;
+#   - every kernel against glm.c's own op (tests/gpu/kernel_test.c), both widths, and again
+#     with the conversion instructions of gfx942 and gfx950 (emulated) on the quantized models;
 #   - whole-forward logits of `glm_emu logits --gpu` against `glm logits` on the tiny
 #     checkpoints (bf16, fp8, mxfp4, mixed, grouped routing): relative L2 <= 1e-4 per
 #     position and the same argmax, by prefill and by --decode;
@@ -42,7 +43,7 @@ rm -rf "$OUT"; mkdir -p "$OUT"
 t_start=$(date +%s)
 
 # --- builds -------------------------------------------------------------------------------
-if ! make -s -j"$(nproc)" glm glm_emu64 glm_emu32 build/gpu_ktest64 build/gpu_ktest32 >"$OUT/build.log" 2>&1; then
+if ! make -s -j"$(nproc)" glm glm_emu64 glm_emu32 build/gpu_ktest64 build/gpu_ktest32 build/gpu_ktest_gfx942 build/gpu_ktest_gfx950 >"$OUT/build.log" 2>&1; then
     bad "build glm_emu64 / glm_emu32 / kernel tests" "$(tail -n 20 "$OUT/build.log")"
     echo "$pass passed, $fail failed"; exit 1
 fi
@@ -58,6 +59,12 @@ $PY tests/make_tiny.py "$OUT/ngroup" --variant bf16 --seed 22 --n-group 4 --topk
 count "$OUT/ktest64.log" "kernel tests, wave 64"
 ./build/gpu_ktest32 "$OUT/fp8" "$OUT/mxfp4" >"$OUT/ktest32.log" 2>"$OUT/ktest32.err"
 count "$OUT/ktest32.log" "kernel tests, wave 32"
+# the conversion-instruction paths only MI300X (gfx942: FNUZ FP8 for FP8 and MXFP4) and MI355X
+# (gfx950: OCP FP8, FP4) run, with those instructions emulated, on the quantized models
+for a in gfx942 gfx950; do
+    ./build/gpu_ktest_$a "$OUT/fp8" "$OUT/mxfp4" 2>"$OUT/ktest_$a.err" | sed "s/^\(PASS\|FAIL\) /\1 $a: /" >"$OUT/ktest_$a.log"
+    count "$OUT/ktest_$a.log" "kernel tests, $a conversions"
+done
 
 # --- whole forward: logits against the CPU path -------------------------------------------------
 IDS=3,141,59,265,358,97,93,238,462,64,33,83,279,502,88,41   # 16 tokens; index_topk 8: half are sparse

@@ -512,6 +512,16 @@ __global__ void __launch_bounds__(BLOCK) k_gemm(DMat W, const float *x, int ldx,
 #define GF_FNUZ_CVT 1 /* v_cvt_pk_f32_fp8 decodes FNUZ E4M3 (bias 8) on gfx942 */
 #endif
 
+/* A value every lane of the wave holds, in a scalar register: the rows a wave streams
+ * then have scalar base addresses, and each load adds one per-lane offset to them. */
+__device__ __forceinline__ int wave_uniform(int v) {
+#if defined(__AMDGCN__) && defined(__HIP_DEVICE_COMPILE__)
+    return __builtin_amdgcn_readfirstlane(v);
+#else
+    return v;
+#endif
+}
+
 /* A pair of floats: on AMD a clang vector, so that x += a * b on it is one packed FMA
  * (v_pk_fma_f32, gfx90a and later); elsewhere two floats. */
 #if defined(__AMDGCN__)
@@ -653,10 +663,16 @@ template <> __device__ __forceinline__ float gf_chunk_dot<WF_MXFP4>(uint4 q, con
 #endif
 }
 
-/* The block scale of chunk c of row r (1 for BF16). */
-template <int FMT> __device__ __forceinline__ float gf_scale(const DMat &W, size_t r, int c) {
-    if (FMT == WF_MXFP4) return e8m0_f32(W.mx_scale[r * (W.cols / 32) + c]);
-    if (FMT == WF_FP8) return W.fp8_scale[(r / 128) * ((W.cols + 127) / 128) + c * 16 / 128];
+/* The block scale of chunk c of row r, as loaded (its bits) and as a value (1 for BF16): the
+ * loads go out with the weights', the decode (branch-free) comes after. */
+template <int FMT> __device__ __forceinline__ uint32_t gf_scale_bits(const DMat &W, size_t r, int c) {
+    if (FMT == WF_MXFP4) return W.mx_scale[r * (W.cols / 32) + c];
+    if (FMT == WF_FP8) return __float_as_uint(W.fp8_scale[(r / 128) * ((W.cols + 127) / 128) + c * 16 / 128]);
+    return 0;
+}
+template <int FMT> __device__ __forceinline__ float gf_scale(uint32_t bits) {
+    if (FMT == WF_MXFP4) return __uint_as_float(bits == 255 ? 0x7fc00000u : bits ? bits << 23 : 0x00400000u); /* e8m0_f32 */
+    if (FMT == WF_FP8) return __uint_as_float(bits);
     return 1.0f;
 }
 
@@ -672,7 +688,7 @@ __device__ __forceinline__ void gemv_fast_rows(const DMat &W, const float *x, in
     if (FMT == WF_MXFP4) {
         for (int i = threadIdx.x; i < 16 * 32; i += blockDim.x) e2m1_lut[i / 32][i % 32] = e2m1_f32(i / 32);
     }
-    const int lane = threadIdx.x % WAVE, wid = threadIdx.x / WAVE;
+    const int lane = threadIdx.x % WAVE, wid = wave_uniform(threadIdx.x / WAVE);
     const int i0 = blockIdx.x * GF_BLOCK_ROWS + wid * GF_RPW; /* this wave's first row (of nr) */
     const int row_bytes = FMT == WF_BF16 ? W.cols * 2 : FMT == WF_FP8 ? W.cols : W.cols / 2;
     const uint8_t *wrow[GF_RPW];
@@ -692,17 +708,24 @@ __device__ __forceinline__ void gemv_fast_rows(const DMat &W, const float *x, in
         __syncthreads();
         if (i0 >= nr || lane >= pn) continue; /* uniform per wave, after the barrier */
         uint4 q[GF_RPW], qn[GF_RPW];
-        UNROLL for (int j = 0; j < GF_RPW; j++) q[j] = ((const uint4 *)wrow[j])[p0 + lane];
+        uint32_t sb[GF_RPW], sbn[GF_RPW];
+        UNROLL for (int j = 0; j < GF_RPW; j++) {
+            q[j] = ((const uint4 *)wrow[j])[p0 + lane];
+            sb[j] = gf_scale_bits<FMT>(W, rr[j], p0 + lane);
+        }
         for (int c = lane; c < pn; c += WAVE) {
             const int cn = c + WAVE < pn ? c + WAVE : c; /* the next step's chunk, clamped */
-            UNROLL for (int j = 0; j < GF_RPW; j++) qn[j] = ((const uint4 *)wrow[j])[p0 + cn];
+            UNROLL for (int j = 0; j < GF_RPW; j++) {
+                qn[j] = ((const uint4 *)wrow[j])[p0 + cn];
+                sbn[j] = gf_scale_bits<FMT>(W, rr[j], p0 + cn);
+            }
             float sc[GF_RPW];
-            UNROLL for (int j = 0; j < GF_RPW; j++) sc[j] = gf_scale<FMT>(W, rr[j], p0 + c);
+            UNROLL for (int j = 0; j < GF_RPW; j++) sc[j] = gf_scale<FMT>(sb[j]);
             /* one token: its x chunk in registers for all the rows; several: read again per
              * row, since all their chunks at once would not fit in registers (the weights'
              * cost is shared by the tokens then) */
             UNROLL for (int j = 0; j < (NT == 1 ? 1 : GF_RPW); j++)
-                UNROLL for (int t = 0; t < NT; t++) if (t < n) {
+                UNROLL for (int t = 0; t < NT; t++) if (NT == 1 || t < n) { /* (NT 1: n is 1) */
                     float xv[CE];
                     const float *xt = xs + (t * PIECE + c) * CS;
                     UNROLL for (int k = 0; k < CE; k += 4) {
@@ -712,7 +735,7 @@ __device__ __forceinline__ void gemv_fast_rows(const DMat &W, const float *x, in
                     if (NT == 1) UNROLL for (int i = 0; i < GF_RPW; i++) acc[t][i] += gf_chunk_dot<FMT>(q[i], xv, lut) * sc[i];
                     else acc[t][j] += gf_chunk_dot<FMT>(q[j], xv, lut) * sc[j];
                 }
-            UNROLL for (int j = 0; j < GF_RPW; j++) q[j] = qn[j];
+            UNROLL for (int j = 0; j < GF_RPW; j++) { q[j] = qn[j]; sb[j] = sbn[j]; }
         }
     }
     UNROLL for (int t = 0; t < NT; t++) UNROLL for (int j = 0; j < GF_RPW; j++) {

@@ -888,7 +888,7 @@ __global__ void __launch_bounds__(BLOCK) k_sample(const float *logits, int V, fl
  * top_p among them the next lower bin follows (its candidates all rank below the ones
  * already sorted, so the sorted list just grows at its end). */
 #define SAMPLE_BLOCKS 128      /* blocks of the sweeps over the vocabulary (<= BLOCK) */
-#define SAMPLE_BINS 1024       /* a probability's bits >> 20: exponent and 3 mantissa bits (p <= 1 < bin 1017) */
+#define SAMPLE_BINS 1024       /* a probability's bits >> 20, its exponent and 3 mantissa bits: p <= 1 is bin <= 1016 */
 #define SAMPLE_SORT_CAP 2048   /* a group of candidates up to this size is sorted in shared memory */
 #define SAMPLE_MASS_ONE 1073741824.0f /* 2^30: the histogram's mass in integers, so its sums do not depend on order */
 

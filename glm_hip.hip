@@ -1183,7 +1183,7 @@ __global__ void __launch_bounds__(BLOCK) k_sample(const float *logits, int V, fl
             float s = cum < top_p ? cum : 0.0f;
             if (s == 0.0f) for (int i = 0; i < n; i++) s += prob[cand[i]];
             float r = u * s, cdf = 0.0f;
-            int pick = cand[n - 1];
+            int pick = n > 0 ? cand[n - 1] : V - 1; /* no candidate: NaN probabilities */
             for (int i = 0; i < n; i++) { cdf += prob[cand[i]]; if (r < cdf) { pick = cand[i]; break; } }
             *out = pick;
         }
@@ -1192,6 +1192,230 @@ __global__ void __launch_bounds__(BLOCK) k_sample(const float *logits, int V, fl
         int pick = V - 1;
         for (int i = 0; i < V; i++) { cdf += prob[i]; if (u < cdf) { pick = i; break; } }
         *out = pick;
+    }
+}
+
+/* The fast sampler: the same pick as k_sample, bit for bit, without sorting the
+ * vocabulary. Launches: k_sample_best (many blocks), then k_sample_softmax (one block);
+ * greedy and top_p >= 1 end there; top_p < 1 adds k_sample_hist (many blocks) and
+ * k_sample_nucleus (one block).
+ *
+ * Same floats as k_sample: the maximum is the same element whatever the reduction's
+ * order (better() is a total order); the softmax sum is k_sample's own order (thread t
+ * adds i = t, t+256, ... then block_sum), so every probability e_i / sum has the same
+ * bits; the walks over the nucleus and over the vocabulary are the same sequential
+ * sums over the same candidates in the same order. Only the way the candidates are
+ * found and ordered differs: a histogram of their mass picks a threshold, only the
+ * candidates above it are gathered and sorted, and if the exact walk does not reach
+ * top_p among them the next lower bin follows (its candidates all rank below the ones
+ * already sorted, so the sorted list just grows at its end). */
+#define SAMPLE_BLOCKS 128      /* blocks of the sweeps over the vocabulary (<= BLOCK) */
+#define SAMPLE_BINS 1024       /* a probability's bits >> 20, its exponent and 3 mantissa bits: p <= 1 is bin <= 1016 */
+#define SAMPLE_SORT_CAP 2048   /* a group of candidates up to this size is sorted in shared memory */
+#define SAMPLE_MASS_ONE 1073741824.0f /* 2^30: the histogram's mass in integers, so its sums do not depend on order */
+
+/* The host's handles on the sampler's device buffers (one set per last device). */
+struct SampleBufs {
+    float *prob;          /* [V] k_sample: probabilities; fast: exp((l - max) / T), divided on use */
+    int *cand, P;         /* k_sample's candidates, P = V rounded up to a power of two */
+    float *best_v, *sum;  /* [SAMPLE_BLOCKS] per-block best logit; [1] the softmax sum */
+    int *best_i;          /* [SAMPLE_BLOCKS] its index */
+    unsigned *hist;       /* [2][SAMPLE_BINS] candidates and their mass per bin */
+    unsigned long long *sorted; /* [2P] the nucleus so far, best first (room for a group's padding) */
+    int *out;             /* the token */
+};
+
+__device__ __forceinline__ int prob_bin(float p) { return (int)(__float_as_uint(p) >> 20); }
+
+/* A candidate as one integer whose descending order is k_sample's order: probability
+ * down (a positive float's bits are ordered as its value), then index up. */
+__device__ __forceinline__ unsigned long long cand_key(float p, int i) {
+    return ((unsigned long long)__float_as_uint(p) << 32) | (0xffffffffu - (unsigned)i);
+}
+__device__ __forceinline__ float cand_prob(unsigned long long k) { return __uint_as_float((unsigned)(k >> 32)); }
+__device__ __forceinline__ int cand_index(unsigned long long k) { return (int)(0xffffffffu - (unsigned)k); }
+
+/* Sorts a[0..n) descending, n a power of two, by the whole block (a is shared or global). */
+__device__ void bitonic_sort_desc(unsigned long long *a, int n) {
+    __syncthreads();
+    for (int size = 2; size <= n; size <<= 1)
+        for (int stride = size / 2; stride > 0; stride >>= 1) {
+            for (int i = threadIdx.x; i < n; i += blockDim.x) {
+                int j = i ^ stride;
+                if (j > i) {
+                    unsigned long long x = a[i], y = a[j];
+                    bool down = (i & size) == 0; /* this run sorts best-first */
+                    if (down ? x < y : x > y) { a[i] = y; a[j] = x; }
+                }
+            }
+            __syncthreads();
+        }
+}
+
+/* Greedy's first half, and the softmax's maximum: each block's best (value, index)
+ * over a grid-strided share of the logits, by better(). */
+__global__ void __launch_bounds__(BLOCK) k_sample_best(const float *logits, int V, float *best_v, int *best_i) {
+    float v = 0.0f;
+    int best = -1;
+    for (int i = blockIdx.x * BLOCK + threadIdx.x; i < V; i += gridDim.x * BLOCK)
+        if (better(logits[i], i, v, best)) { v = logits[i]; best = i; }
+    block_best(v, best);
+    if (threadIdx.x == 0) { best_v[blockIdx.x] = v; best_i[blockIdx.x] = best; }
+}
+
+/* One block: the blocks' bests reduced (greedy ends here), then exp((l - max) / T) into
+ * prob and their sum in k_sample's order. A sequential sum cannot be split, so this
+ * pass is 256 threads whatever the grid; each keeps eight loads in flight. top_p >= 1:
+ * thread 0 walks the vocabulary's CDF in index order, as k_sample. top_p < 1: the
+ * histogram is cleared for k_sample_hist. */
+__global__ void __launch_bounds__(BLOCK) k_sample_softmax(const float *logits, int V, float temperature, float top_p, float u, const float *best_v,
+                                                         const int *best_i, int nb, float *prob, float *sum_out, unsigned *hist, int *out) {
+    float v = 0.0f;
+    int best = -1;
+    if ((int)threadIdx.x < nb) { v = best_v[threadIdx.x]; best = best_i[threadIdx.x]; }
+    block_best(v, best);
+    if (logits[0] != logits[0]) best = 0; /* glm.c argmax: nothing beats a NaN first logit */
+    if (temperature <= 0.0f) {
+        if (threadIdx.x == 0) *out = best;
+        return;
+    }
+    const float mx = v;
+    float part = 0.0f;
+    int i = threadIdx.x;
+    for (; i + 7 * BLOCK < V; i += 8 * BLOCK) {
+        float l[8];
+        UNROLL for (int k = 0; k < 8; k++) l[k] = logits[i + k * BLOCK];
+        UNROLL for (int k = 0; k < 8; k++) { float e = expf((l[k] - mx) / temperature); prob[i + k * BLOCK] = e; part += e; }
+    }
+    for (; i < V; i += BLOCK) { float e = expf((logits[i] - mx) / temperature); prob[i] = e; part += e; }
+    const float sum = block_sum(part); /* its barriers also publish prob to thread 0 */
+    if (top_p < 1.0f) {
+        for (int b = threadIdx.x; b < 2 * SAMPLE_BINS; b += BLOCK) hist[b] = 0;
+        if (threadIdx.x == 0) *sum_out = sum;
+    } else if (threadIdx.x == 0) {
+        float cdf = 0.0f;
+        int pick = V - 1;
+        for (int j = 0; j < V; j++) { cdf += prob[j] / sum; if (u < cdf) { pick = j; break; } }
+        *out = pick;
+    }
+}
+
+/* Per bin of the probability's top bits, how many candidates (p >= (1-top_p)/(V-1), as
+ * k_sample) and their mass in units of 2^-30, rounded down: integer sums, so the
+ * histogram is the same whatever order the blocks run in. */
+__global__ void __launch_bounds__(BLOCK) k_sample_hist(const float *prob, int V, const float *sum_p, float top_p, unsigned *hist) {
+    __shared__ unsigned count[SAMPLE_BINS], mass[SAMPLE_BINS];
+    for (int b = threadIdx.x; b < SAMPLE_BINS; b += BLOCK) { count[b] = 0; mass[b] = 0; }
+    __syncthreads();
+    const float sum = *sum_p, cutoff = (1.0f - top_p) / (float)(V - 1);
+    for (int i = blockIdx.x * BLOCK + threadIdx.x; i < V; i += gridDim.x * BLOCK) {
+        float p = prob[i] / sum;
+        if (p >= cutoff) {
+            atomicAdd(&count[prob_bin(p)], 1u);
+            atomicAdd(&mass[prob_bin(p)], (unsigned)(p * SAMPLE_MASS_ONE));
+        }
+    }
+    __syncthreads();
+    for (int b = threadIdx.x; b < SAMPLE_BINS; b += BLOCK)
+        if (count[b]) { atomicAdd(&hist[b], count[b]); atomicAdd(&hist[SAMPLE_BINS + b], mass[b]); }
+}
+
+/* One block: the nucleus and the pick. The first group is every bin from the top down
+ * to the one where the histogram's mass passes top_p; its candidates are gathered (in
+ * any order: the sort's key is a total order), sorted and walked exactly as k_sample
+ * walks its sorted list. Rounding can leave the walk at or below top_p where the
+ * histogram said the mass was enough; then the next lower nonempty bin is gathered,
+ * sorted and appended, until the walk passes top_p or the candidates run out.
+ * start_higher (tests only) starts that many nonempty bins above the estimate, so the
+ * widening runs. */
+__global__ void __launch_bounds__(BLOCK) k_sample_nucleus(const float *prob, int V, const float *sum_p, float top_p, float u, const unsigned *hist,
+                                                         int start_higher, unsigned long long *sorted, int *out) {
+    __shared__ unsigned long long tile[SAMPLE_SORT_CAP];
+    __shared__ int s_lo, s_hi, s_m, s_fill, s_n;
+    __shared__ float s_cum;
+    const float sum = *sum_p, cutoff = (1.0f - top_p) / (float)(V - 1);
+    if (threadIdx.x == 0) {
+        unsigned long long mass = 0;
+        int lo = -1;
+        for (int b = SAMPLE_BINS - 1; b >= 0; b--)
+            if (hist[b]) {
+                lo = b;
+                mass += hist[SAMPLE_BINS + b];
+                if ((double)mass > (double)top_p * SAMPLE_MASS_ONE) break;
+            }
+        for (int k = 0; k < start_higher && lo >= 0; k++) {
+            int up = lo + 1;
+            while (up < SAMPLE_BINS && !hist[up]) up++;
+            if (up < SAMPLE_BINS) lo = up;
+        }
+        s_lo = lo; s_hi = SAMPLE_BINS - 1; s_n = -1; s_cum = 0.0f;
+    }
+    __syncthreads();
+    int placed = 0; /* sorted[0..placed) is the head of k_sample's sorted candidate list */
+    while (s_lo >= 0) {
+        const int lo = s_lo, hi = s_hi;
+        if (threadIdx.x == 0) {
+            int m = 0;
+            for (int b = lo; b <= hi; b++) m += (int)hist[b];
+            s_m = m; s_fill = 0;
+        }
+        __syncthreads();
+        const int m = s_m;
+        int np2 = 1;
+        while (np2 < m) np2 <<= 1;
+        unsigned long long *buf = np2 <= SAMPLE_SORT_CAP ? tile : sorted + placed;
+        for (int i = threadIdx.x; i < V; i += BLOCK) {
+            float p = prob[i] / sum;
+            if (p >= cutoff && prob_bin(p) >= lo && prob_bin(p) <= hi) buf[atomicAdd(&s_fill, 1)] = cand_key(p, i);
+        }
+        __syncthreads(); /* s_fill == m now: the histogram counted the same predicate */
+        for (int i = m + threadIdx.x; i < np2; i += BLOCK) buf[i] = 0; /* padding sorts last */
+        bitonic_sort_desc(buf, np2);
+        if (buf == tile) {
+            for (int i = threadIdx.x; i < m; i += BLOCK) sorted[placed + i] = tile[i];
+            __syncthreads();
+        }
+        if (threadIdx.x == 0) {
+            float cum = s_cum;
+            for (int j = 0; j < m; j++) {
+                cum += cand_prob(sorted[placed + j]);
+                if (cum > top_p) { s_n = placed + j + 1; break; }
+            }
+            s_cum = cum;
+            int next = lo - 1;
+            while (next >= 0 && !hist[next]) next--;
+            s_hi = lo - 1;
+            s_lo = s_n >= 0 ? -1 : next;
+        }
+        placed += m;
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) {
+        /* k_sample's n and mass: its recount of the mass adds the same terms in the same
+         * order as the walk, so the mass is the walk's sum */
+        const int n = s_n >= 0 ? s_n : placed;
+        const float r = u * s_cum;
+        float cdf = 0.0f;
+        int pick = n > 0 ? cand_index(sorted[n - 1]) : V - 1;
+        for (int j = 0; j < n; j++) { cdf += cand_prob(sorted[j]); if (r < cdf) { pick = cand_index(sorted[j]); break; } }
+        *out = pick;
+    }
+}
+
+/* Sampling on the device: k_sample under GLM_GPU_KERNELS=plain, else the fast kernels. */
+static int g_sample_start_higher; /* tests only: see k_sample_nucleus */
+static void sample_launch(const float *logits, int V, float temperature, float top_p, float u, const SampleBufs &S) {
+    if (g_plain_kernels) {
+        LAUNCHED(k_sample, dim3(1), dim3(BLOCK), 0, 0, logits, V, temperature, top_p, u, S.prob, S.cand, S.P, S.out);
+        return;
+    }
+    LAUNCHED(k_sample_best, dim3(SAMPLE_BLOCKS), dim3(BLOCK), 0, 0, logits, V, S.best_v, S.best_i);
+    LAUNCHED(k_sample_softmax, dim3(1), dim3(BLOCK), 0, 0, logits, V, temperature, top_p, u, (const float *)S.best_v, (const int *)S.best_i, SAMPLE_BLOCKS, S.prob,
+             S.sum, S.hist, S.out);
+    if (temperature > 0.0f && top_p < 1.0f) {
+        LAUNCHED(k_sample_hist, dim3(SAMPLE_BLOCKS), dim3(BLOCK), 0, 0, (const float *)S.prob, V, (const float *)S.sum, top_p, S.hist);
+        LAUNCHED(k_sample_nucleus, dim3(1), dim3(BLOCK), 0, 0, (const float *)S.prob, V, (const float *)S.sum, top_p, u, (const unsigned *)S.hist,
+                 g_sample_start_higher, S.sorted, S.out);
     }
 }
 
@@ -1251,10 +1475,10 @@ struct GDev {            /* one device: its layer range, weights, cache and a Ru
     int n_allocs, cap_allocs;
     float *rope;         /* [T][DR] cos, sin pairs */
     float *x, *a, *cq, *q, *ckv, *q_abs, *o_lat, *o_heads, *out, *ix_scores, *att_scores, *ix_q, *ix_k, *ix_w;
-    float *router, *route_scr, *ex_w, *h1, *h2, *eh1, *eh2, *ex_y, *logits, *prob;
+    float *router, *route_scr, *ex_w, *h1, *h2, *eh1, *eh2, *ex_y, *logits;
     float *eh;           /* [cap][2H] the MTP layer's input (last device, with an MTP layer) */
-    int *sel, *n_sel, *ex_idx, *tokens, *cand, *sample_out;
-    int cand_n;
+    int *sel, *n_sel, *ex_idx, *tokens;
+    SampleBufs samp;     /* the sampler's buffers (last device) */
     float *split_part;   /* [GF_PART_FLOATS] the split products' partial sums (k_gemv_fast) */
     unsigned *split_count; /* [GF_COUNTS] their arrival counters, kept at 0 between launches */
 };
@@ -1426,11 +1650,17 @@ static void take_scratch(GpuModel *g, GDev *D, int last) {
     if (last) {
         int P = 1;
         while (P < c->vocab_size) P <<= 1;
-        D->cand_n = P;
         D->logits = (float *)arena_take(A, B * c->vocab_size * F);
-        D->prob = (float *)arena_take(A, (size_t)c->vocab_size * F);
-        D->cand = (int *)arena_take(A, (size_t)P * sizeof(int));
-        D->sample_out = (int *)arena_take(A, sizeof(int));
+        SampleBufs *S = &D->samp;
+        S->P = P;
+        S->prob = (float *)arena_take(A, (size_t)c->vocab_size * F);
+        S->cand = (int *)arena_take(A, (size_t)P * sizeof(int));
+        S->best_v = (float *)arena_take(A, SAMPLE_BLOCKS * F);
+        S->best_i = (int *)arena_take(A, SAMPLE_BLOCKS * sizeof(int));
+        S->sum = (float *)arena_take(A, F);
+        S->hist = (unsigned *)arena_take(A, 2 * SAMPLE_BINS * sizeof(unsigned));
+        S->sorted = (unsigned long long *)arena_take(A, 2 * (size_t)P * sizeof(unsigned long long));
+        S->out = (int *)arena_take(A, sizeof(int));
         if (g->m->mtp) D->eh = (float *)arena_take(A, B * 2 * c->hidden * F);
     }
 }
@@ -1984,9 +2214,9 @@ extern "C" void gpu_mtp_draft_shared(GpuModel *g, int mtp_pos, const float *h, i
 extern "C" int gpu_sample(GpuModel *g, float temperature, float top_p, float u) {
     GDev *D = &g->dev[g->n_dev - 1];
     CHECK(hipSetDevice(D->id));
-    LAUNCHED(k_sample, dim3(1), dim3(BLOCK), 0, 0, (const float *)D->logits, g->c.vocab_size, temperature, top_p, u, D->prob, D->cand, D->cand_n, D->sample_out);
+    sample_launch(D->logits, g->c.vocab_size, temperature, top_p, u, D->samp);
     int tok;
-    CHECK(hipMemcpy(&tok, D->sample_out, sizeof(int), hipMemcpyDeviceToHost));
+    CHECK(hipMemcpy(&tok, D->samp.out, sizeof(int), hipMemcpyDeviceToHost));
     CHECK(hipGetLastError());
     return tok;
 }
@@ -2125,17 +2355,39 @@ extern "C" void gpuk_silu_mul(float *h1, const float *h2, int n) {
     dfree(d1); dfree(d2);
 }
 
-extern "C" int gpuk_sample(const float *logits, int V, float temperature, float top_p, float u) {
+/* Samples from logits[V] with the draw u, by the plain or the fast kernels (gpuk_use_plain);
+ * probs (if not NULL, temperature > 0, top_p < 1): the softmax, as k_sample stores it or,
+ * for the fast kernels, their exp values divided by their sum as those kernels divide them. */
+extern "C" int gpuk_sample(const float *logits, int V, float temperature, float top_p, float u, float *probs) {
     CHECK(hipSetDevice(0));
-    int P = 1;
-    while (P < V) P <<= 1;
-    float *dl = (float *)dev_copy(logits, (size_t)V * 4), *dp = (float *)dev_copy(NULL, (size_t)V * 4);
-    int *dc = (int *)dev_copy(NULL, (size_t)P * 4), *dout = (int *)dev_copy(NULL, 4), tok;
-    LAUNCHED(k_sample, dim3(1), dim3(BLOCK), 0, 0, (const float *)dl, V, temperature, top_p, u, dp, dc, P, dout);
-    host_copy(&tok, dout, 4);
-    dfree(dl); dfree(dp); dfree(dc); dfree(dout);
+    SampleBufs S;
+    S.P = 1;
+    while (S.P < V) S.P <<= 1;
+    float *dl = (float *)dev_copy(logits, (size_t)V * 4);
+    S.prob = (float *)dev_copy(NULL, (size_t)V * 4);
+    S.cand = (int *)dev_copy(NULL, (size_t)S.P * 4);
+    S.best_v = (float *)dev_copy(NULL, SAMPLE_BLOCKS * 4);
+    S.best_i = (int *)dev_copy(NULL, SAMPLE_BLOCKS * 4);
+    S.sum = (float *)dev_copy(NULL, 4);
+    S.hist = (unsigned *)dev_copy(NULL, 2 * SAMPLE_BINS * 4);
+    S.sorted = (unsigned long long *)dev_copy(NULL, 2 * (size_t)S.P * 8);
+    S.out = (int *)dev_copy(NULL, 4);
+    sample_launch(dl, V, temperature, top_p, u, S);
+    int tok;
+    host_copy(&tok, S.out, 4);
+    if (probs) {
+        host_copy(probs, S.prob, (size_t)V * 4);
+        float sum;
+        host_copy(&sum, S.sum, 4);
+        if (!g_plain_kernels) for (int i = 0; i < V; i++) probs[i] /= sum;
+    }
+    dfree(dl); dfree(S.prob); dfree(S.cand); dfree(S.best_v); dfree(S.best_i); dfree(S.sum); dfree(S.hist); dfree(S.sorted); dfree(S.out);
     return tok;
 }
+
+/* Tests only: the fast sampler's first group starts this many nonempty bins above the
+ * histogram's estimate, so the widening path (k_sample_nucleus) runs. */
+extern "C" void gpuk_sample_start_higher(int bins) { g_sample_start_higher = bins; }
 
 /* One attention block (projections, cache append, indexer or shared selection,
  * absorbed MLA, o_proj) of `layer` for n tokens at position pos0, on the model

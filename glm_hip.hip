@@ -1437,9 +1437,24 @@ static bool gemv_fast_ok(int fmt, int cols) {
 
 /* Per device: where the split products keep their partial sums (the device's scratch,
  * or for the kernel tests an allocation of their own), and its compute units. */
-#define GF_PART_FLOATS (1 << 18) /* 1 MB: ks x tokens x rows of one split product */
-#define GF_COUNTS 8192           /* row ranges x z of one split product */
-static struct { float *part; unsigned *count; int cus; } g_split[GPU_MAX_DEVICES];
+#define GF_COUNTS 1024 /* row ranges x z of one split product (it is split only below 2 blocks per CU) */
+static struct { float *part; unsigned *count; size_t part_cap; int cus; } g_split[GPU_MAX_DEVICES];
+
+/* A device's compute units (cached). */
+static int device_cus(int dev) {
+    if (!g_split[dev].cus) {
+        hipDeviceProp_t p;
+        CHECK(hipGetDeviceProperties(&p, dev));
+        g_split[dev].cus = p.multiProcessorCount > 0 ? p.multiProcessorCount : 1;
+    }
+    return g_split[dev].cus;
+}
+
+/* Floats for the splits' partial sums on a device: a product is split only while its row
+ * ranges give fewer than 2 blocks per CU, and then into about that many blocks, so
+ * splits x rows stay near 2 x CUs x GF_BLOCK_ROWS per token (twice that here, for the
+ * rounding); a product that would need more is not split. */
+static size_t split_part_floats(int dev) { return (size_t)2 * (2 * device_cus(dev) + 1) * GF_BLOCK_ROWS * GEMV_MAXN; }
 
 /* A bump allocator over one device allocation. With base == NULL it only counts,
  * which is how the plan learns each device's bytes before anything is allocated. */
@@ -1479,7 +1494,7 @@ struct GDev {            /* one device: its layer range, weights, cache and a Ru
     float *eh;           /* [cap][2H] the MTP layer's input (last device, with an MTP layer) */
     int *sel, *n_sel, *ex_idx, *tokens;
     SampleBufs samp;     /* the sampler's buffers (last device) */
-    float *split_part;   /* [GF_PART_FLOATS] the split products' partial sums (k_gemv_fast) */
+    float *split_part;   /* [split_part_floats] the split products' partial sums (k_gemv_fast) */
     unsigned *split_count; /* [GF_COUNTS] their arrival counters, kept at 0 between launches */
 };
 
@@ -1645,7 +1660,7 @@ static void take_scratch(GpuModel *g, GDev *D, int last) {
     D->eh2 = (float *)arena_take(A, B * c->n_active * c->moe_inter * F);
     D->ex_y = (float *)arena_take(A, B * c->n_active * c->hidden * F);
     D->tokens = (int *)arena_take(A, B * sizeof(int));
-    D->split_part = (float *)arena_take(A, GF_PART_FLOATS * F);
+    D->split_part = (float *)arena_take(A, split_part_floats(D->id) * F);
     D->split_count = (unsigned *)arena_take(A, GF_COUNTS * sizeof(unsigned));
     if (last) {
         int P = 1;
@@ -1870,6 +1885,7 @@ extern "C" GpuModel *gpu_load(const Model *m, int n_gpus, int ctx) {
         CHECK(hipMemset(D->split_count, 0, GF_COUNTS * sizeof(unsigned)));
         g_split[d].part = D->split_part;
         g_split[d].count = D->split_count;
+        g_split[d].part_cap = split_part_floats(d);
         CHECK(hipMemcpy(D->rope, rt, (size_t)ctx * c->qk_rope * sizeof(float), hipMemcpyHostToDevice));
     }
     free(rt);
@@ -1908,16 +1924,11 @@ static unsigned blocks_for(size_t n) { size_t b = (n + BLOCK - 1) / BLOCK; retur
  * every lane); 1 where the rows alone are enough or the scratch is too small. */
 static int g_split_min_chunks = GF_MIN_SPLIT_CHUNKS; /* the kernel tests lower it to split small shapes */
 static int gemv_splits(int dev, int row_blocks, int nz, int n, int nr, int chunks) {
-    if (!g_split[dev].cus) {
-        hipDeviceProp_t p;
-        CHECK(hipGetDeviceProperties(&p, dev));
-        g_split[dev].cus = p.multiProcessorCount > 0 ? p.multiProcessorCount : 1;
-    }
     const int blocks = row_blocks * nz;
-    int ks = (2 * g_split[dev].cus + blocks - 1) / blocks, most = chunks / g_split_min_chunks;
+    int ks = (2 * device_cus(dev) + blocks - 1) / blocks, most = chunks / g_split_min_chunks;
     if (ks > most) ks = most;
     if (ks > GF_MAX_SPLIT) ks = GF_MAX_SPLIT;
-    if (ks < 2 || !g_split[dev].part || (size_t)nz * ks * n * nr > GF_PART_FLOATS || (size_t)blocks > GF_COUNTS) return 1;
+    if (ks < 2 || !g_split[dev].part || (size_t)nz * ks * n * nr > g_split[dev].part_cap || (size_t)blocks > GF_COUNTS) return 1;
     return ks;
 }
 
@@ -2259,7 +2270,8 @@ extern "C" void gpuk_gemv_split_min(int chunks) { g_split_min_chunks = chunks > 
 extern "C" void gpuk_matmul_rows(float *y, const float *x, const Mat *W, int r0, int nr, int n) {
     CHECK(hipSetDevice(0));
     if (!g_split[0].part) { /* no model loaded: scratch of the tests' own */
-        g_split[0].part = (float *)dev_copy(NULL, GF_PART_FLOATS * sizeof(float));
+        g_split[0].part_cap = 1 << 20;
+        g_split[0].part = (float *)dev_copy(NULL, g_split[0].part_cap * sizeof(float));
         g_split[0].count = (unsigned *)dev_copy(NULL, GF_COUNTS * sizeof(unsigned));
         CHECK(hipMemset(g_split[0].count, 0, GF_COUNTS * sizeof(unsigned)));
     }

@@ -2090,6 +2090,10 @@ extern "C" void gpuk_mla_attend(float *o_lat, const float *q_abs, const float *l
     const size_t rows = (size_t)n * MLA_MAX_SLICES;
     float *dpo = (float *)dev_copy(NULL, rows * NH * KR * 4), *dml = (float *)dev_copy(NULL, rows * NH * 2 * 4);
     float *dsc = (float *)dev_copy(NULL, (size_t)n * NH * K * 4), *dout = (float *)dev_copy(NULL, (size_t)n * NH * KR * 4);
+    /* NaN in every scratch float: a slice read that was never written shows */
+    CHECK(hipMemset(dpo, 0xff, rows * NH * KR * 4));
+    CHECK(hipMemset(dml, 0xff, rows * NH * 2 * 4));
+    CHECK(hipMemset(dout, 0xff, (size_t)n * NH * KR * 4));
     attend_selected(c, cus, dout, dpo, dml, dsc, dq, dl, ds, dn, n, kmax, slices);
     host_copy(o_lat, dout, (size_t)n * NH * KR * 4);
     dfree(dq); dfree(dl); dfree(ds); dfree(dn); dfree(dpo); dfree(dml); dfree(dsc); dfree(dout);

@@ -806,33 +806,35 @@ __device__ __forceinline__ void mat_elems8(const DMat &W, int r, int k0, float *
 }
 
 #define ABS_COLS 64      /* q_abs columns per block of k_q_absorb_wide */
-#define ABS_NT 8         /* tokens that share one pass over the block's W_UK rows */
+#define ABS_NT 8         /* tokens (of a chunk) that share one pass over the block's W_UK rows */
 
 /* The same q_abs as k_q_absorb, as a wide GEMV. Grid (head h, chunk of ABS_COLS
  * columns): NH x KR/64 blocks (512 for GLM-5.2) instead of NH x 2, so the rows of W_UK
  * stream through many blocks at once. Thread (column octet o = tid % 8, row group
  * rg = tid / 8) decodes 8 consecutive columns of rows i = rg, rg+32, ... (one vector
  * load per row) and keeps 8 columns x ABS_NT tokens of partial sums; each W_UK element is
- * read once for ABS_NT tokens. The 32 row groups are added in shared memory in order. */
+ * read once for NT tokens (1 for decode, whose registers then hold 8 sums, not 64;
+ * ABS_NT for chunks). The 32 row groups are added in shared memory in order. */
+template <int NT>
 __global__ void __launch_bounds__(BLOCK) k_q_absorb_wide(float *q_abs, const float *q, DMat kv_b, int n, int NH, int DN, int DR, int DV, int KR) {
     constexpr int OCTETS = ABS_COLS / 8, GROUPS = BLOCK / OCTETS;
     __shared__ float part[GROUPS][ABS_COLS + 1];
     const int h = blockIdx.x, o = threadIdx.x % OCTETS, rg = threadIdx.x / OCTETS, QD = DN + DR, AD = KR + DR;
     const int j0 = blockIdx.y * ABS_COLS + o * 8;
-    for (int t0 = 0; t0 < n; t0 += ABS_NT) {
-        float acc[ABS_NT][8];
-        UNROLL for (int u = 0; u < ABS_NT; u++) UNROLL for (int k = 0; k < 8; k++) acc[u][k] = 0.0f;
+    for (int t0 = 0; t0 < n; t0 += NT) {
+        float acc[NT][8];
+        UNROLL for (int u = 0; u < NT; u++) UNROLL for (int k = 0; k < 8; k++) acc[u][k] = 0.0f;
         if (j0 < KR)
             for (int i = rg; i < DN; i += GROUPS) {
                 float w[8];
                 mat_elems8(kv_b, h * (DN + DV) + i, j0, w);
-                UNROLL for (int u = 0; u < ABS_NT; u++)
+                UNROLL for (int u = 0; u < NT; u++)
                     if (t0 + u < n) {
                         float x = q[((size_t)(t0 + u) * NH + h) * QD + i];
                         UNROLL for (int k = 0; k < 8; k++) acc[u][k] += x * w[k];
                     }
             }
-        UNROLL for (int u = 0; u < ABS_NT; u++) { /* (unrolled: acc stays in registers) */
+        UNROLL for (int u = 0; u < NT; u++) { /* (unrolled: acc stays in registers) */
             if (t0 + u >= n) break;
             __syncthreads(); /* the last token's sums are read */
             UNROLL for (int k = 0; k < 8; k++) part[rg][o * 8 + k] = acc[u][k];
@@ -964,15 +966,15 @@ __global__ void __launch_bounds__(BLOCK) k_mla_attend_split(float *o_lat, float 
             }
         }
     }
+    /* one slice: the normalised o_lat; several: the slice's sums for the combine */
+    float *dst = n_slices == 1 ? o_lat + (size_t)t * NH * KR : part_o + ((size_t)t * n_slices + s) * NH * KR;
     UNROLL for (int a = 0; a < 8; a++) {
         const int h = 8 * hg + a;
         if (h >= NH) continue;
-        const float l = l_s[h];
+        const float l = n_slices == 1 ? l_s[h] : 1.0f;
         UNROLL for (int m = 0; m < MLA_COLS; m++) {
             const int c = cg + 32 * m;
-            if (c >= KR) continue;
-            if (n_slices == 1) o_lat[((size_t)t * NH + h) * KR + c] = acc[a][m] / l;
-            else part_o[(((size_t)t * n_slices + s) * NH + h) * KR + c] = acc[a][m];
+            if (c < KR) dst[(size_t)h * KR + c] = acc[a][m] / l;
         }
     }
     if (n_slices > 1 && tid < NH) {
@@ -1665,8 +1667,10 @@ static void q_absorb(const Config *c, float *q_abs, const float *q, const DMat &
     const int NH = c->n_heads, DN = c->qk_nope, DR = c->qk_rope, DV = c->v_head, KR = c->kv_lora_rank;
     if (g_plain_kernels)
         LAUNCHED(k_q_absorb, dim3(NH, (KR + BLOCK - 1) / BLOCK), dim3(BLOCK), 0, 0, q_abs, q, kv_b, n, NH, DN, DR, DV, KR);
+    else if (n == 1)
+        LAUNCHED(k_q_absorb_wide<1>, dim3(NH, (KR + ABS_COLS - 1) / ABS_COLS), dim3(BLOCK), 0, 0, q_abs, q, kv_b, n, NH, DN, DR, DV, KR);
     else
-        LAUNCHED(k_q_absorb_wide, dim3(NH, (KR + ABS_COLS - 1) / ABS_COLS), dim3(BLOCK), 0, 0, q_abs, q, kv_b, n, NH, DN, DR, DV, KR);
+        LAUNCHED(k_q_absorb_wide<ABS_NT>, dim3(NH, (KR + ABS_COLS - 1) / ABS_COLS), dim3(BLOCK), 0, 0, q_abs, q, kv_b, n, NH, DN, DR, DV, KR);
 }
 
 /* o_lat of n tokens over their selections (sel, n_sel on the device; kmax bounds n_sel):

@@ -447,7 +447,7 @@ static void test_q_absorb(void) {
  * selection is shorter than a slice (40 keys, one key), keys in any order, n = 1 and
  * n > 1. Any NaN fails (rel_rows). */
 static void test_mla_attend(void) {
-    typedef struct { int NH, DR, KR, K, T, n, cus, slices, nsel[4]; } Case;
+    typedef struct { int NH, DR, KR, K, T, n, cus, slices, nsel[4], kmax; } Case; /* kmax 0: the largest n_sel */
     const Case cases[] = {
         {64, 64, 512, 2048, 3000, 1, 64, 0, {2048}},          /* GLM-5.2 decode: 32 slices of one tile */
         {64, 64, 512, 2048, 3000, 1, 1, 0, {2048}},           /* 2 slices of 16 tiles */
@@ -456,6 +456,7 @@ static void test_mla_attend(void) {
         {16, 32, 128, 700, 1000, 4, 0, 11, {700, 65, 64, 130}}, /* one tile per slice, tiles cut at 64 keys */
         {4, 16, 64, 8, 20, 2, 0, 2, {8, 3}},                  /* the tiny checkpoints' shapes */
         {40, 16, 200, 300, 400, 2, 0, 3, {300, 299}},         /* heads and columns the thread map does not fill */
+        {16, 32, 128, 700, 1000, 2, 64, 0, {700, 300}, 200},  /* n_sel beyond the host's bound: the last slice takes the rest */
     };
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
         const Case *C = &cases[ci];
@@ -479,11 +480,11 @@ static void test_mla_attend(void) {
         for (int plain = 0; plain < 2; plain++) {
             if (plain && ci == 1) continue; /* the same inputs as case 0 */
             gpuk_use_plain(plain);
-            gpuk_mla_attend(got, q, lat, C->T, sel, C->nsel, &c, n, kmax, C->cus, C->slices);
+            gpuk_mla_attend(got, q, lat, C->T, sel, C->nsel, &c, n, C->kmax ? C->kmax : kmax, C->cus, C->slices);
             double e = rel_rows(ref, got, n * NH, KR);
             char name[160];
-            snprintf(name, sizeof name, "mla attend %s NH %d KR %d DR %d n=%d n_sel %d%s%s (%s %d)", plain ? "plain" : "split", NH, KR, C->DR, n, C->nsel[0],
-                     n > 1 ? "," : "", n > 1 ? " ..." : "", C->slices ? "slices" : "compute units", C->slices ? C->slices : C->cus);
+            snprintf(name, sizeof name, "mla attend %s NH %d KR %d DR %d n=%d n_sel %d%s%s (%s %d%s)", plain ? "plain" : "split", NH, KR, C->DR, n, C->nsel[0],
+                     n > 1 ? "," : "", n > 1 ? " ..." : "", C->slices ? "slices" : "compute units", C->slices ? C->slices : C->cus, C->kmax ? ", bound below n_sel" : "");
             report(e <= 1e-5 * g_tol, name, "rel L2 %.3g against mla_attend_head", e);
         }
         gpuk_use_plain(0);

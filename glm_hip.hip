@@ -612,7 +612,7 @@ __global__ void __launch_bounds__(BLOCK) k_ix_scores(float *scores, int ld, cons
  * (key tiles of IX_KEYS, tokens): the block stages the token's queries q [IH][ID] and
  * its tile's keys (consecutive cache rows: coalesced) in shared memory. Thread (key
  * j = tid % 32, head group g = tid / 32) computes q_h · k_j for the heads h = g, g+8, ...
- * over the dims in order (a wave shares g, so its q reads are broadcasts); the
+ * over the dims in order (32 lanes share g, so q reads are broadcasts); the
  * weighted ReLU terms go to shared memory and are added over h = 0..IH-1 in order, so a
  * score has k_ix_scores' operations in k_ix_scores' order. Long contexts give many blocks. */
 __global__ void __launch_bounds__(BLOCK) k_ix_scores_tiled(float *scores, int ld, const float *ix_q, const float *ix_w, const float *cache, int IH, int ID, int K, int pos0) {
@@ -1317,16 +1317,20 @@ static void up_mtp(GpuModel *g, Arena *A, GMtp *G, const Mtp *P) {
 }
 
 static int imax(int a, int b) { return a > b ? a : b; }
+static int imin(int a, int b) { return a < b ? a : b; }
 
 /* Slices per token for k_mla_attend_split (*slice_len keys each, whole tiles): enough
  * workgroups for 2 per compute unit over the n tokens, no slice shorter than a tile, at
  * most MLA_MAX_SLICES. kmax bounds a token's selection (what the host knows: pos0 + n
  * and index_topk). One slice: no combine. */
-static int mla_slices(int cus, int n, int kmax, int *slice_len) {
+static int mla_slice_target(int cus, int n, int kmax) { /* the count returned never exceeds it */
     const int tiles = imax((kmax + MLA_KEYS - 1) / MLA_KEYS, 1), want = (2 * cus + n - 1) / n;
-    int S = want < tiles ? want : tiles;
-    S = S > MLA_MAX_SLICES ? MLA_MAX_SLICES : imax(S, 1);
-    const int per = (tiles + S - 1) / S;
+    const int S = want < tiles ? want : tiles;
+    return S > MLA_MAX_SLICES ? MLA_MAX_SLICES : imax(S, 1);
+}
+
+static int mla_slices(int cus, int n, int kmax, int *slice_len) {
+    const int tiles = imax((kmax + MLA_KEYS - 1) / MLA_KEYS, 1), per = (tiles + mla_slice_target(cus, n, kmax) - 1) / mla_slice_target(cus, n, kmax);
     *slice_len = per * MLA_KEYS;
     return (tiles + per - 1) / per;
 }
@@ -1354,9 +1358,9 @@ static void take_scratch(GpuModel *g, GDev *D, int last) {
     D->o_heads = (float *)arena_take(A, B * c->n_heads * c->v_head * F);
     D->ix_scores = (float *)arena_take(A, B * T * F);
     D->att_scores = (float *)arena_take(A, B * c->n_heads * K * F);
-    size_t slice_rows = 0; /* the most (token, slice) pairs of a chunk */
+    size_t slice_rows = 0; /* the most (token, slice) pairs of a chunk, for any selection up to K */
     for (int n = 1; n <= g->cap; n++) {
-        int len, S = mla_slices(g->cus, n, K, &len);
+        int S = mla_slice_target(g->cus, n, K);
         if (S > 1 && (size_t)n * S > slice_rows) slice_rows = (size_t)n * S;
     }
     D->mla_part = (float *)arena_take(A, slice_rows * c->n_heads * c->kv_lora_rank * F);
@@ -1685,8 +1689,8 @@ static void attend_selected(const Config *c, int cus, float *o_lat, float *part_
         return;
     }
     int len, S = mla_slices(cus, n, kmax, &len);
-    if (slices > 0) { /* the tests' choice: at most slices, whole tiles */
-        const int tiles = imax((kmax + MLA_KEYS - 1) / MLA_KEYS, 1), per = (tiles + slices - 1) / slices;
+    if (slices > 0) { /* the tests' choice: at most slices (<= MLA_MAX_SLICES), whole tiles */
+        const int tiles = imax((kmax + MLA_KEYS - 1) / MLA_KEYS, 1), per = (tiles + imin(slices, MLA_MAX_SLICES) - 1) / imin(slices, MLA_MAX_SLICES);
         len = per * MLA_KEYS;
         S = (tiles + per - 1) / per;
     }

@@ -926,6 +926,57 @@ __global__ void __launch_bounds__(BLOCK) k_ix_scores(float *scores, int ld, cons
     scores[(size_t)t * ld + j] = sum;
 }
 
+#define IX_KEYS 32       /* keys per block of k_ix_scores_tiled */
+#define IX_HEADS 32      /* the most indexer heads it holds (GLM-5.2: 32) */
+#define IX_DIM 128       /* the widest indexer head it holds (GLM-5.2: 128) */
+
+/* The same scores as k_ix_scores, each key read from memory once for all heads. Grid
+ * (key tiles of IX_KEYS, tokens): the block stages the token's queries q [IH][ID] and
+ * its tile's keys (consecutive cache rows: coalesced) in shared memory. Thread (key
+ * j = tid % 32, head group g = tid / 32) computes q_h · k_j for the heads h = g, g+8, ...
+ * over the dims in order (32 lanes share g, so q reads are broadcasts); the
+ * weighted ReLU terms go to shared memory and are added over h = 0..IH-1 in order, so a
+ * score has k_ix_scores' operations in k_ix_scores' order. Long contexts give many blocks. */
+__global__ void __launch_bounds__(BLOCK) k_ix_scores_tiled(float *scores, int ld, const float *ix_q, const float *ix_w, const float *cache, int IH, int ID, int K, int pos0) {
+    __shared__ float q_s[IX_HEADS * IX_DIM];
+    __shared__ float k_s[IX_KEYS][IX_DIM + 1]; /* +1: the lanes of a wave read 32 different rows */
+    __shared__ float term[IX_HEADS][IX_KEYS + 1];
+    const int t = blockIdx.y, visible = pos0 + t + 1, j0 = blockIdx.x * IX_KEYS;
+    if (visible <= K || j0 >= visible) return; /* the whole block: no barrier is skipped */
+    const float q_scale = 1.0f / sqrtf((float)ID), w_scale = 1.0f / sqrtf((float)IH);
+    const float *q = ix_q + (size_t)t * IH * ID, *w = ix_w + (size_t)t * IH;
+    for (int e = threadIdx.x; e < IH * ID; e += BLOCK) q_s[e] = q[e];
+    for (int e = threadIdx.x; e < IX_KEYS * ID; e += BLOCK) {
+        int k = e / ID, i = e % ID;
+        k_s[k][i] = j0 + k < visible ? cache[(size_t)(j0 + k) * ID + i] : 0.0f;
+    }
+    __syncthreads();
+    const int jl = threadIdx.x % IX_KEYS, g = threadIdx.x / IX_KEYS;
+    constexpr int GROUPS = BLOCK / IX_KEYS, PER = IX_HEADS / GROUPS;
+    float d[PER];
+    UNROLL for (int a = 0; a < PER; a++) d[a] = 0.0f;
+    for (int i = 0; i < ID; i++) {
+        float kv = k_s[jl][i];
+        UNROLL for (int a = 0; a < PER; a++) {
+            int h = g + GROUPS * a;
+            if (h < IH) d[a] += q_s[h * ID + i] * kv;
+        }
+    }
+    UNROLL for (int a = 0; a < PER; a++) {
+        int h = g + GROUPS * a;
+        if (h < IH) {
+            float dd = d[a] * q_scale;
+            term[h][jl] = (w[h] * w_scale) * (dd > 0.0f ? dd : 0.0f);
+        }
+    }
+    __syncthreads();
+    if (threadIdx.x < IX_KEYS && j0 + (int)threadIdx.x < visible) {
+        float sum = 0.0f;
+        for (int h = 0; h < IH; h++) sum += term[h][threadIdx.x];
+        scores[(size_t)t * ld + j0 + threadIdx.x] = sum;
+    }
+}
+
 /* fp32 -> uint32 whose unsigned order is the float order (+0 and -0 equal). */
 __device__ __forceinline__ uint32_t order_key(float f) {
     if (f != f) return 0; /* NaN below -inf, as glm.c's better() */
@@ -1048,6 +1099,230 @@ __global__ void __launch_bounds__(BLOCK) k_mla_attend(float *o_lat, float *score
         float acc = 0.0f;
         for (int j = 0; j < ns; j++) acc += (sc[j] / sum) * latent[(size_t)sel[j] * AD + i];
         o[i] = acc;
+    }
+}
+
+/* Eight consecutive elements W[r][k0..k0+8) with mat_elem's values (same products, so
+ * the same bits), in one load where the format allows: 16 bytes of BF16, 8 of FP8, 4 of
+ * MXFP4 (k0 % 8 == 0 keeps those within one scale block and aligned). */
+__device__ __forceinline__ void mat_elems8(const DMat &W, int r, int k0, float *v) {
+    const int cols = W.cols;
+    if (k0 + 8 > cols) {
+        UNROLL for (int k = 0; k < 8; k++) v[k] = k0 + k < cols ? mat_elem(W, r, k0 + k) : 0.0f;
+    } else if (W.fmt == WF_BF16 && cols % 8 == 0) {
+        uint4 q = *(const uint4 *)(W.w + ((size_t)r * cols + k0) * 2);
+        uint32_t word[4] = {q.x, q.y, q.z, q.w};
+        UNROLL for (int k = 0; k < 8; k++) v[k] = bf16_f32((word[k / 2] >> (16 * (k % 2))) & 0xffff);
+    } else if (W.fmt == WF_FP8 && cols % 8 == 0) {
+        uint2 q = *(const uint2 *)(W.w + (size_t)r * cols + k0);
+        uint32_t word[2] = {q.x, q.y};
+        float s = W.fp8_scale[(size_t)(r / 128) * ((cols + 127) / 128) + k0 / 128];
+        UNROLL for (int k = 0; k < 8; k++) v[k] = fp8_f32((word[k / 4] >> (8 * (k % 4))) & 0xff) * s;
+    } else if (W.fmt == WF_MXFP4) {
+        uint32_t word = *(const uint32_t *)(W.w + (size_t)r * (cols / 2) + k0 / 2);
+        float s = e8m0_f32(W.mx_scale[(size_t)r * (cols / 32) + k0 / 32]);
+        UNROLL for (int k = 0; k < 8; k++) v[k] = e2m1_f32((word >> (4 * k)) & 15) * s;
+    } else {
+        UNROLL for (int k = 0; k < 8; k++) v[k] = mat_elem(W, r, k0 + k);
+    }
+}
+
+#define ABS_COLS 64      /* q_abs columns per block of k_q_absorb_wide */
+#define ABS_NT 8         /* tokens (of a chunk) that share one pass over the block's W_UK rows */
+
+/* The same q_abs as k_q_absorb, as a wide GEMV. Grid (head h, chunk of ABS_COLS
+ * columns): NH x KR/64 blocks (512 for GLM-5.2) instead of NH x 2, so the rows of W_UK
+ * stream through many blocks at once. Thread (column octet o = tid % 8, row group
+ * rg = tid / 8) decodes 8 consecutive columns of rows i = rg, rg+32, ... (one vector
+ * load per row) and keeps 8 columns x ABS_NT tokens of partial sums; each W_UK element is
+ * read once for NT tokens (1 for decode, whose registers then hold 8 sums, not 64;
+ * ABS_NT for chunks). The 32 row groups are added in shared memory in order. */
+template <int NT>
+__global__ void __launch_bounds__(BLOCK) k_q_absorb_wide(float *q_abs, const float *q, DMat kv_b, int n, int NH, int DN, int DR, int DV, int KR) {
+    constexpr int OCTETS = ABS_COLS / 8, GROUPS = BLOCK / OCTETS;
+    __shared__ float part[GROUPS][ABS_COLS + 1];
+    const int h = blockIdx.x, o = threadIdx.x % OCTETS, rg = threadIdx.x / OCTETS, QD = DN + DR, AD = KR + DR;
+    const int j0 = blockIdx.y * ABS_COLS + o * 8;
+    for (int t0 = 0; t0 < n; t0 += NT) {
+        float acc[NT][8];
+        UNROLL for (int u = 0; u < NT; u++) UNROLL for (int k = 0; k < 8; k++) acc[u][k] = 0.0f;
+        if (j0 < KR)
+            for (int i = rg; i < DN; i += GROUPS) {
+                float w[8];
+                mat_elems8(kv_b, h * (DN + DV) + i, j0, w);
+                UNROLL for (int u = 0; u < NT; u++)
+                    if (t0 + u < n) {
+                        float x = q[((size_t)(t0 + u) * NH + h) * QD + i];
+                        UNROLL for (int k = 0; k < 8; k++) acc[u][k] += x * w[k];
+                    }
+            }
+        UNROLL for (int u = 0; u < NT; u++) { /* (unrolled: acc stays in registers) */
+            if (t0 + u >= n) break;
+            __syncthreads(); /* the last token's sums are read */
+            UNROLL for (int k = 0; k < 8; k++) part[rg][o * 8 + k] = acc[u][k];
+            __syncthreads();
+            const int c = threadIdx.x, j = blockIdx.y * ABS_COLS + c;
+            if (c < ABS_COLS && j < KR) {
+                float s = 0.0f;
+                for (int g = 0; g < GROUPS; g++) s += part[g][c];
+                q_abs[((size_t)(t0 + u) * NH + h) * AD + j] = s;
+            }
+        }
+    }
+    if (blockIdx.y == 0)
+        for (int e = threadIdx.x; e < n * DR; e += blockDim.x) {
+            int t = e / DR, i = e % DR;
+            q_abs[((size_t)t * NH + h) * AD + KR + i] = q[((size_t)t * NH + h) * QD + DN + i];
+        }
+}
+
+/* FlashMLA-style attention: one workgroup per (slice of a token's selected keys, token)
+ * holds all NH heads, so each selected latent row is read once for all of them (the
+ * plain kernel reads it once per head). Grid (slices, tokens); a slice is a whole
+ * number of tiles of MLA_KEYS keys and workgroups past a token's n_sel exit at once.
+ * Per tile:
+ *   scores   S[h][k] = q_abs[h] · c_k over AD dims, MLA_DIMS at a time: q (NH x 32) and
+ *            the rows (64 x 32) staged in shared memory; thread (4 heads, 4 keys); the
+ *            dims are added in order, as glm.c's dot;
+ *   softmax  online, per head (4 threads each): running max m, sum l; the tile's
+ *            exp(S - m) replace S in shared memory, the old sums are rescaled;
+ *   values   o[h][c] = o[h][c]·rescale + Σ_k p[h][k] · c_k[c], rows staged MLA_VKEYS at a
+ *            time; thread (8 heads, 16 columns c = cg + 32m): NH x KR accumulators in
+ *            registers, 128 per thread at GLM-5.2's 64 x 512.
+ * One slice writes o / l straight to o_lat; several write (o, m, l) for k_mla_combine.
+ * Shared memory: ~35 KB, static (under CUDA's 48 KB static limit). */
+#define MLA_HEADS 64     /* the most heads a workgroup holds (GLM-5.2: 64) */
+#define MLA_KEYS 64      /* selected keys per tile; slices are whole tiles */
+#define MLA_DIMS 32      /* q / latent dims per step of the score phase */
+#define MLA_VKEYS 8      /* latent rows per step of the value phase */
+#define MLA_COLS 16      /* value columns per thread: KR <= 32 x 16 = 512 */
+#define MLA_MAX_SLICES 64
+#define MLA_QS (MLA_HEADS + 4) /* row pitch of the staged q and latent chunks */
+#define MLA_LS (MLA_KEYS + 4)
+#define MLA_STAGE (MLA_DIMS * (MLA_QS + MLA_LS) > MLA_VKEYS * 32 * MLA_COLS ? MLA_DIMS * (MLA_QS + MLA_LS) : MLA_VKEYS * 32 * MLA_COLS)
+#if BLOCK != 256
+#error "k_mla_attend_split maps 256 threads onto 64 heads x 64 keys"
+#endif
+
+__global__ void __launch_bounds__(BLOCK) k_mla_attend_split(float *o_lat, float *part_o, float *part_ml, const float *q_abs, const float *latent, const int *sel_all,
+                                                            const int *n_sel, int NH, int KR, int DR, int K, float scale, int n_slices, int slice_len) {
+    __shared__ float stage[MLA_STAGE];                 /* score phase: q chunk, row chunk; value phase: rows */
+    __shared__ float p_s[MLA_KEYS][MLA_HEADS + 1];     /* the tile's scores, then their exp */
+    __shared__ float m_s[MLA_HEADS], l_s[MLA_HEADS], alpha_s[MLA_HEADS];
+    __shared__ int rows[MLA_KEYS];
+    const int s = blockIdx.x, t = blockIdx.y, AD = KR + DR, tid = threadIdx.x, ns = n_sel[t];
+    /* the last slice takes every key left, should n_sel exceed the host's bound */
+    const int kbeg = s * slice_len, kend = s == n_slices - 1 || kbeg + slice_len >= ns ? ns : kbeg + slice_len;
+    if (kbeg >= ns) return; /* the whole workgroup: this token has fewer keys */
+    const int *sel = sel_all + (size_t)t * K;
+    const float *qa = q_abs + (size_t)t * NH * AD;
+    float *q_s = stage, *c_s = stage + MLA_DIMS * MLA_QS, *v_s = stage;
+    const int hq = tid / 16, kq = tid % 16;            /* score phase: heads 4hq.., keys 4kq.. */
+    const int hg = tid / 32, cg = tid % 32;            /* value phase: heads 8hg.., columns cg + 32m */
+    if (tid < MLA_HEADS) { m_s[tid] = -INFINITY; l_s[tid] = 0.0f; }
+    float acc[8][MLA_COLS];
+    UNROLL for (int a = 0; a < 8; a++) UNROLL for (int m = 0; m < MLA_COLS; m++) acc[a][m] = 0.0f;
+    for (int k0 = kbeg; k0 < kend; k0 += MLA_KEYS) {
+        const int nk = kend - k0 < MLA_KEYS ? kend - k0 : MLA_KEYS;
+        __syncthreads(); /* the last tile's rows, p_s and stage are read */
+        if (tid < MLA_KEYS) rows[tid] = tid < nk ? sel[k0 + tid] : -1;
+        float S[4][4];
+        UNROLL for (int a = 0; a < 4; a++) UNROLL for (int b = 0; b < 4; b++) S[a][b] = 0.0f;
+        for (int d0 = 0; d0 < AD; d0 += MLA_DIMS) {
+            __syncthreads(); /* rows are written; the last chunk is read */
+            for (int e = tid; e < MLA_HEADS * MLA_DIMS; e += BLOCK) {
+                int h = e / MLA_DIMS, d = e % MLA_DIMS;
+                q_s[d * MLA_QS + h] = h < NH && d0 + d < AD ? qa[(size_t)h * AD + d0 + d] : 0.0f;
+            }
+            for (int e = tid; e < MLA_KEYS * MLA_DIMS; e += BLOCK) {
+                int k = e / MLA_DIMS, d = e % MLA_DIMS, r = rows[k];
+                c_s[d * MLA_LS + k] = r >= 0 && d0 + d < AD ? latent[(size_t)r * AD + d0 + d] : 0.0f;
+            }
+            __syncthreads();
+            for (int d = 0; d < MLA_DIMS; d++) {
+                float qv[4], cv[4];
+                UNROLL for (int a = 0; a < 4; a++) qv[a] = q_s[d * MLA_QS + 4 * hq + a];
+                UNROLL for (int b = 0; b < 4; b++) cv[b] = c_s[d * MLA_LS + 4 * kq + b];
+                UNROLL for (int a = 0; a < 4; a++) UNROLL for (int b = 0; b < 4; b++) S[a][b] += qv[a] * cv[b];
+            }
+        }
+        UNROLL for (int a = 0; a < 4; a++) UNROLL for (int b = 0; b < 4; b++)
+            p_s[4 * kq + b][4 * hq + a] = 4 * kq + b < nk ? S[a][b] * scale : -INFINITY;
+        __syncthreads();
+        { /* online softmax: head h = tid / 4, its keys part, part + 4, ... */
+            const int h = tid / 4, part = tid % 4;
+            const float m_old = m_s[h];
+            float mx = -INFINITY;
+            for (int k = part; k < MLA_KEYS; k += 4) mx = fmaxf(mx, p_s[k][h]);
+            mx = fmaxf(mx, SHFL_XOR(mx, 1));
+            mx = fmaxf(mx, SHFL_XOR(mx, 2));
+            const float m_new = fmaxf(m_old, mx); /* finite: a tile has a key */
+            float sum = 0.0f;
+            for (int k = part; k < MLA_KEYS; k += 4) { float e = expf(p_s[k][h] - m_new); p_s[k][h] = e; sum += e; }
+            sum += SHFL_XOR(sum, 1);
+            sum += SHFL_XOR(sum, 2);
+            if (part == 0) {
+                const float alpha = expf(m_old - m_new); /* 0 on the first tile */
+                alpha_s[h] = alpha;
+                l_s[h] = l_s[h] * alpha + sum;
+                m_s[h] = m_new;
+            }
+        }
+        __syncthreads();
+        UNROLL for (int a = 0; a < 8; a++) {
+            const float alpha = alpha_s[8 * hg + a];
+            UNROLL for (int m = 0; m < MLA_COLS; m++) acc[a][m] *= alpha;
+        }
+        for (int kk = 0; kk < nk; kk += MLA_VKEYS) {
+            __syncthreads(); /* stage is free (the scores, or the last rows, are read) */
+            for (int e = tid; e < MLA_VKEYS * KR; e += BLOCK) {
+                int k = e / KR, c = e % KR;
+                v_s[k * (32 * MLA_COLS) + c] = kk + k < nk ? latent[(size_t)rows[kk + k] * AD + c] : 0.0f;
+            }
+            __syncthreads();
+            for (int k = 0; k < MLA_VKEYS; k++) {
+                float p[8], v[MLA_COLS];
+                UNROLL for (int a = 0; a < 8; a++) p[a] = p_s[kk + k][8 * hg + a];
+                UNROLL for (int m = 0; m < MLA_COLS; m++) v[m] = v_s[k * (32 * MLA_COLS) + cg + 32 * m];
+                UNROLL for (int a = 0; a < 8; a++) UNROLL for (int m = 0; m < MLA_COLS; m++) acc[a][m] += p[a] * v[m];
+            }
+        }
+    }
+    /* one slice: the normalised o_lat; several: the slice's sums for the combine */
+    float *dst = n_slices == 1 ? o_lat + (size_t)t * NH * KR : part_o + ((size_t)t * n_slices + s) * NH * KR;
+    UNROLL for (int a = 0; a < 8; a++) {
+        const int h = 8 * hg + a;
+        if (h >= NH) continue;
+        const float l = n_slices == 1 ? l_s[h] : 1.0f;
+        UNROLL for (int m = 0; m < MLA_COLS; m++) {
+            const int c = cg + 32 * m;
+            if (c < KR) dst[(size_t)h * KR + c] = acc[a][m] / l;
+        }
+    }
+    if (n_slices > 1 && tid < NH) {
+        part_ml[(((size_t)t * n_slices + s) * NH + tid) * 2] = m_s[tid];
+        part_ml[(((size_t)t * n_slices + s) * NH + tid) * 2 + 1] = l_s[tid];
+    }
+}
+
+/* Merges the slices of k_mla_attend_split for one (head, token) per block, in slice
+ * order (deterministic): with M the largest slice max, o = Σ_s o_s·exp(m_s - M) / Σ_s
+ * l_s·exp(m_s - M). Grid (NH, tokens); a token uses the slices its n_sel reaches. */
+__global__ void __launch_bounds__(BLOCK) k_mla_combine(float *o_lat, const float *part_o, const float *part_ml, const int *n_sel, int NH, int KR, int n_slices, int slice_len) {
+    __shared__ float w_s[MLA_MAX_SLICES];
+    const int h = blockIdx.x, t = blockIdx.y, reach = (n_sel[t] + slice_len - 1) / slice_len, used = reach < n_slices ? reach : n_slices;
+    const float *ml = part_ml + ((size_t)t * n_slices * NH + h) * 2;
+    if (threadIdx.x == 0) {
+        float M = -INFINITY, L = 0.0f;
+        for (int s = 0; s < used; s++) M = fmaxf(M, ml[(size_t)s * NH * 2]);
+        for (int s = 0; s < used; s++) L += ml[(size_t)s * NH * 2 + 1] * expf(ml[(size_t)s * NH * 2] - M);
+        for (int s = 0; s < used; s++) w_s[s] = expf(ml[(size_t)s * NH * 2] - M) / L;
+    }
+    __syncthreads();
+    for (int c = threadIdx.x; c < KR; c += blockDim.x) {
+        float o = 0.0f;
+        for (int s = 0; s < used; s++) o += part_o[(((size_t)t * n_slices + s) * NH + h) * KR + c] * w_s[s];
+        o_lat[((size_t)t * NH + h) * KR + c] = o;
     }
 }
 
@@ -1491,6 +1766,7 @@ struct GDev {            /* one device: its layer range, weights, cache and a Ru
     float *rope;         /* [T][DR] cos, sin pairs */
     float *x, *a, *cq, *q, *ckv, *q_abs, *o_lat, *o_heads, *out, *ix_scores, *att_scores, *ix_q, *ix_k, *ix_w;
     float *router, *route_scr, *ex_w, *h1, *h2, *eh1, *eh2, *ex_y, *logits;
+    float *mla_part, *mla_ml; /* k_mla_attend_split's slices: [rows][NH][KR] sums, [rows][NH] (max, sum) */
     float *eh;           /* [cap][2H] the MTP layer's input (last device, with an MTP layer) */
     int *sel, *n_sel, *ex_idx, *tokens;
     SampleBufs samp;     /* the sampler's buffers (last device) */
@@ -1508,6 +1784,7 @@ struct GpuModel {
     const Model *m;
     Config c;
     int n_dev, ctx, pos, cap;
+    int cus;             /* compute units of device 0: how many workgroups fill it */
     GDev dev[GPU_MAX_DEVICES];
     GLayer *layers;
     DMat embed, lm_head;
@@ -1625,6 +1902,27 @@ static void up_mtp(GpuModel *g, Arena *A, GMtp *G, const Mtp *P) {
 }
 
 static int imax(int a, int b) { return a > b ? a : b; }
+static int imin(int a, int b) { return a < b ? a : b; }
+
+/* Slices per token for k_mla_attend_split (*slice_len keys each, whole tiles): enough
+ * workgroups for 2 per compute unit over the n tokens, no slice shorter than a tile, at
+ * most MLA_MAX_SLICES. kmax bounds a token's selection (what the host knows: pos0 + n
+ * and index_topk). One slice: no combine. */
+static int mla_slice_target(int cus, int n, int kmax) { /* the count returned never exceeds it */
+    const int tiles = imax((kmax + MLA_KEYS - 1) / MLA_KEYS, 1), want = (2 * cus + n - 1) / n;
+    const int S = want < tiles ? want : tiles;
+    return S > MLA_MAX_SLICES ? MLA_MAX_SLICES : imax(S, 1);
+}
+
+static int mla_slices(int cus, int n, int kmax, int *slice_len) {
+    const int tiles = imax((kmax + MLA_KEYS - 1) / MLA_KEYS, 1), per = (tiles + mla_slice_target(cus, n, kmax) - 1) / mla_slice_target(cus, n, kmax);
+    *slice_len = per * MLA_KEYS;
+    return (tiles + per - 1) / per;
+}
+
+/* The shapes the fast attention and indexer kernels hold (GLM-5.2's fit); others run the plain ones. */
+static int mla_fast(const Config *c) { return c->n_heads <= MLA_HEADS && c->kv_lora_rank <= 32 * MLA_COLS; }
+static int ix_fast(const Config *c) { return c->index_n_heads <= IX_HEADS && c->index_head_dim <= IX_DIM; }
 
 /* Scratch of one device for chunks of up to g->cap tokens (glm.c runstate_init). */
 static void take_scratch(GpuModel *g, GDev *D, int last) {
@@ -1645,6 +1943,13 @@ static void take_scratch(GpuModel *g, GDev *D, int last) {
     D->o_heads = (float *)arena_take(A, B * c->n_heads * c->v_head * F);
     D->ix_scores = (float *)arena_take(A, B * T * F);
     D->att_scores = (float *)arena_take(A, B * c->n_heads * K * F);
+    size_t slice_rows = 0; /* the most (token, slice) pairs of a chunk, for any selection up to K */
+    for (int n = 1; n <= g->cap; n++) {
+        int S = mla_slice_target(g->cus, n, K);
+        if (S > 1 && (size_t)n * S > slice_rows) slice_rows = (size_t)n * S;
+    }
+    D->mla_part = (float *)arena_take(A, slice_rows * c->n_heads * c->kv_lora_rank * F);
+    D->mla_ml = (float *)arena_take(A, slice_rows * c->n_heads * 2 * F);
     D->ix_q = (float *)arena_take(A, B * c->index_n_heads * c->index_head_dim * F);
     D->ix_k = (float *)arena_take(A, B * c->index_head_dim * F);
     D->ix_w = (float *)arena_take(A, B * c->index_n_heads * F);
@@ -1778,6 +2083,11 @@ extern "C" GpuModel *gpu_load(const Model *m, int n_gpus, int ctx) {
     const Config *c = &g->c;
     g->layers = (GLayer *)calloc((size_t)c->n_layers, sizeof(GLayer));
     if (!g->layers) glm_fatal("out of memory");
+    {
+        hipDeviceProp_t prop;
+        CHECK(hipGetDeviceProperties(&prop, 0));
+        g->cus = imax(prop.multiProcessorCount, 1);
+    }
 
     /* measure: every piece through a counting arena (a layer: its weights and its KV cache rows) */
     size_t *lb = (size_t *)calloc((size_t)c->n_layers, sizeof(size_t));
@@ -1974,19 +2284,52 @@ static void indexer_select(GpuModel *g, GDev *D, const GLayer *L, int n, int pos
     LAUNCHED(k_ix_key, dim3(n), dim3(BLOCK), 0, 0, L->index_k, (const float *)D->ix_k, (const float *)L->ix_knorm_w, (const float *)L->ix_knorm_b, ID, c->qk_rope, pos0,
            (const float *)D->rope);
     int vmax = pos0 + n;
-    if (vmax > K)
+    if (vmax > K && !g_plain_kernels && ix_fast(c))
+        LAUNCHED(k_ix_scores_tiled, dim3((vmax + IX_KEYS - 1) / IX_KEYS, n), dim3(BLOCK), 0, 0, D->ix_scores, g->ctx, (const float *)D->ix_q, (const float *)D->ix_w,
+                 (const float *)L->index_k, IH, ID, K, pos0);
+    else if (vmax > K)
         LAUNCHED(k_ix_scores, dim3((vmax + BLOCK - 1) / BLOCK, n), dim3(BLOCK), 0, 0, D->ix_scores, g->ctx, (const float *)D->ix_q, (const float *)D->ix_w,
                (const float *)L->index_k, IH, ID, K, pos0);
     LAUNCHED(k_topk, dim3(n), dim3(BLOCK), 0, 0, (const float *)D->ix_scores, g->ctx, K, pos0, D->sel, D->n_sel);
 }
 
-static void mla_attend_absorbed(GpuModel *g, GDev *D, const GLayer *L, int n) {
-    const Config *c = &g->c;
+/* q_abs for n tokens: the wide GEMV, or the plain kernel (one block per head and 256 columns). */
+static void q_absorb(const Config *c, float *q_abs, const float *q, const DMat &kv_b, int n) {
     const int NH = c->n_heads, DN = c->qk_nope, DR = c->qk_rope, DV = c->v_head, KR = c->kv_lora_rank;
-    const float scale = 1.0f / sqrtf((float)(DN + DR)); /* 1/sqrt(qk_head_dim) (pitfall 7) */
-    LAUNCHED(k_q_absorb, dim3(NH, (KR + BLOCK - 1) / BLOCK), dim3(BLOCK), 0, 0, D->q_abs, (const float *)D->q, L->kv_b, n, NH, DN, DR, DV, KR);
-    LAUNCHED(k_mla_attend, dim3(NH, n), dim3(BLOCK), 0, 0, D->o_lat, D->att_scores, (const float *)D->q_abs, (const float *)L->latent, (const int *)D->sel,
-           (const int *)D->n_sel, NH, KR, DR, c->index_topk, scale);
+    if (g_plain_kernels)
+        LAUNCHED(k_q_absorb, dim3(NH, (KR + BLOCK - 1) / BLOCK), dim3(BLOCK), 0, 0, q_abs, q, kv_b, n, NH, DN, DR, DV, KR);
+    else if (n == 1)
+        LAUNCHED(k_q_absorb_wide<1>, dim3(NH, (KR + ABS_COLS - 1) / ABS_COLS), dim3(BLOCK), 0, 0, q_abs, q, kv_b, n, NH, DN, DR, DV, KR);
+    else
+        LAUNCHED(k_q_absorb_wide<ABS_NT>, dim3(NH, (KR + ABS_COLS - 1) / ABS_COLS), dim3(BLOCK), 0, 0, q_abs, q, kv_b, n, NH, DN, DR, DV, KR);
+}
+
+/* o_lat of n tokens over their selections (sel, n_sel on the device; kmax bounds n_sel):
+ * the split kernel over slices (chosen here, or `slices` when > 0, for the tests) and
+ * the combine when there are several; or the plain kernel, one block per (head, token). */
+static void attend_selected(const Config *c, int cus, float *o_lat, float *part_o, float *part_ml, float *att_scores, const float *q_abs, const float *latent,
+                            const int *sel, const int *n_sel, int n, int kmax, int slices) {
+    const int NH = c->n_heads, DR = c->qk_rope, KR = c->kv_lora_rank, K = c->index_topk;
+    const float scale = 1.0f / sqrtf((float)(c->qk_nope + DR)); /* 1/sqrt(qk_head_dim) (pitfall 7) */
+    if (g_plain_kernels || !mla_fast(c)) {
+        LAUNCHED(k_mla_attend, dim3(NH, n), dim3(BLOCK), 0, 0, o_lat, att_scores, q_abs, latent, sel, n_sel, NH, KR, DR, K, scale);
+        return;
+    }
+    int len, S = mla_slices(cus, n, kmax, &len);
+    if (slices > 0) { /* the tests' choice: at most slices (<= MLA_MAX_SLICES), whole tiles */
+        const int tiles = imax((kmax + MLA_KEYS - 1) / MLA_KEYS, 1), per = (tiles + imin(slices, MLA_MAX_SLICES) - 1) / imin(slices, MLA_MAX_SLICES);
+        len = per * MLA_KEYS;
+        S = (tiles + per - 1) / per;
+    }
+    LAUNCHED(k_mla_attend_split, dim3(S, n), dim3(BLOCK), 0, 0, o_lat, part_o, part_ml, q_abs, latent, sel, n_sel, NH, KR, DR, K, scale, S, len);
+    if (S > 1) LAUNCHED(k_mla_combine, dim3(NH, n), dim3(BLOCK), 0, 0, o_lat, (const float *)part_o, (const float *)part_ml, n_sel, NH, KR, S, len);
+}
+
+static void mla_attend_absorbed(GpuModel *g, GDev *D, const GLayer *L, int n, int pos0) {
+    const Config *c = &g->c;
+    const int NH = c->n_heads, DN = c->qk_nope, DV = c->v_head, KR = c->kv_lora_rank, K = c->index_topk;
+    q_absorb(c, D->q_abs, D->q, L->kv_b, n);
+    attend_selected(c, g->cus, D->o_lat, D->mla_part, D->mla_ml, D->att_scores, D->q_abs, L->latent, D->sel, D->n_sel, n, pos0 + n < K ? pos0 + n : K, 0);
     /* un-absorb: o_heads[t][h] = W_UV[h] · o_lat[t][h], all heads in one launch */
     matmul_rows(D->o_heads, NH * DV, D->o_lat, NH * KR, L->kv_b, DN, DV, n, NH, DN + DV, KR, DV);
 }
@@ -2003,7 +2346,7 @@ static void attention(GpuModel *g, GDev *D, const GLayer *L, int n, int pos0) {
              (const float *)L->kv_a_norm, c->kv_lora_rank, DR, pos0, (const float *)D->rope);
     if (L->has_indexer) indexer_select(g, D, L, n, pos0);
     /* a shared layer keeps D->sel from the last full layer (IndexShare, §3.6) */
-    mla_attend_absorbed(g, D, L, n);
+    mla_attend_absorbed(g, D, L, n, pos0);
     matmul(D->out, D->o_heads, L->o, n);
 }
 
@@ -2400,6 +2743,56 @@ extern "C" int gpuk_sample(const float *logits, int V, float temperature, float 
 /* Tests only: the fast sampler's first group starts this many nonempty bins above the
  * histogram's estimate, so the widening path (k_sample_nucleus) runs. */
 extern "C" void gpuk_sample_start_higher(int bins) { g_sample_start_higher = bins; }
+
+/* q_abs [n][NH][KR+DR] from q [n][NH][DN+DR] and kv_b (the fast or the plain kernel, as
+ * gpuk_use_plain says); c gives the shapes. */
+extern "C" void gpuk_q_absorb(float *q_abs, const float *q, const Mat *kv_b, const Config *c, int n) {
+    CHECK(hipSetDevice(0));
+    const int NH = c->n_heads, AD = c->kv_lora_rank + c->qk_rope;
+    DMat d = dev_mat(kv_b);
+    float *dq = (float *)dev_copy(q, (size_t)n * NH * (c->qk_nope + c->qk_rope) * 4), *da = (float *)dev_copy(NULL, (size_t)n * NH * AD * 4);
+    q_absorb(c, da, dq, d, n);
+    host_copy(q_abs, da, (size_t)n * NH * AD * 4);
+    dev_mat_free(&d); dfree(dq); dfree(da);
+}
+
+/* o_lat [n][NH][KR] over the selections sel [n][K] / n_sel [n] of latent [T][KR+DR]
+ * (fast or plain, as gpuk_use_plain says); slices > 0 forces at most that many slices,
+ * 0 lets the host choose for `cus` compute units. kmax: the bound the host passes. */
+extern "C" void gpuk_mla_attend(float *o_lat, const float *q_abs, const float *latent, int T, const int *sel, const int *n_sel, const Config *c, int n, int kmax,
+                                int cus, int slices) {
+    CHECK(hipSetDevice(0));
+    const int NH = c->n_heads, KR = c->kv_lora_rank, AD = KR + c->qk_rope, K = c->index_topk;
+    float *dq = (float *)dev_copy(q_abs, (size_t)n * NH * AD * 4), *dl = (float *)dev_copy(latent, (size_t)T * AD * 4);
+    int *ds = (int *)dev_copy(sel, (size_t)n * K * 4), *dn = (int *)dev_copy(n_sel, (size_t)n * 4);
+    const size_t rows = (size_t)n * MLA_MAX_SLICES;
+    float *dpo = (float *)dev_copy(NULL, rows * NH * KR * 4), *dml = (float *)dev_copy(NULL, rows * NH * 2 * 4);
+    float *dsc = (float *)dev_copy(NULL, (size_t)n * NH * K * 4), *dout = (float *)dev_copy(NULL, (size_t)n * NH * KR * 4);
+    /* NaN in every scratch float: a slice read that was never written shows */
+    CHECK(hipMemset(dpo, 0xff, rows * NH * KR * 4));
+    CHECK(hipMemset(dml, 0xff, rows * NH * 2 * 4));
+    CHECK(hipMemset(dout, 0xff, (size_t)n * NH * KR * 4));
+    attend_selected(c, cus, dout, dpo, dml, dsc, dq, dl, ds, dn, n, kmax, slices);
+    host_copy(o_lat, dout, (size_t)n * NH * KR * 4);
+    dfree(dq); dfree(dl); dfree(ds); dfree(dn); dfree(dpo); dfree(dml); dfree(dsc); dfree(dout);
+}
+
+/* The indexer's scores [n][T] of tokens at positions pos0.. over the key cache [T][ID]
+ * (T >= pos0 + n), from q [n][IH][ID] and weights [n][IH]; entries a token does not
+ * score (keys it cannot see, or all of them while it sees <= index_topk) are left NaN. */
+extern "C" void gpuk_ix_scores(float *scores, const float *ix_q, const float *ix_w, const float *keys, int T, const Config *c, int n, int pos0) {
+    CHECK(hipSetDevice(0));
+    const int IH = c->index_n_heads, ID = c->index_head_dim, K = c->index_topk, vmax = pos0 + n;
+    float *dq = (float *)dev_copy(ix_q, (size_t)n * IH * ID * 4), *dw = (float *)dev_copy(ix_w, (size_t)n * IH * 4), *dk = (float *)dev_copy(keys, (size_t)T * ID * 4);
+    float *dsc = (float *)dev_copy(NULL, (size_t)n * T * 4);
+    CHECK(hipMemset(dsc, 0xff, (size_t)n * T * 4));
+    if (!g_plain_kernels && ix_fast(c))
+        LAUNCHED(k_ix_scores_tiled, dim3((vmax + IX_KEYS - 1) / IX_KEYS, n), dim3(BLOCK), 0, 0, dsc, T, (const float *)dq, (const float *)dw, (const float *)dk, IH, ID, K, pos0);
+    else
+        LAUNCHED(k_ix_scores, dim3((vmax + BLOCK - 1) / BLOCK, n), dim3(BLOCK), 0, 0, dsc, T, (const float *)dq, (const float *)dw, (const float *)dk, IH, ID, K, pos0);
+    host_copy(scores, dsc, (size_t)n * T * 4);
+    dfree(dq); dfree(dw); dfree(dk); dfree(dsc);
+}
 
 /* One attention block (projections, cache append, indexer or shared selection,
  * absorbed MLA, o_proj) of `layer` for n tokens at position pos0, on the model

@@ -53,16 +53,22 @@ static double mat(const Mat *W) { return (double)W->bytes; }
 /* glm_hip.hip's launches for one layer of a decode step at position pos (layer_forward:
  * the previous layer's residual add fused with the input RMSNorm, the add fused with the
  * MLP's RMSNorm (the MLP's add goes to the next layer); attention: q_a, its norm, q_b,
- * kv_a, RoPE fused with the cache append, the absorb, the attention, the un-absorb, o_proj; a full layer's indexer: wq_b, wk,
+ * kv_a, RoPE fused with the cache append, the absorb, the attention, its combine once a token selects more keys than
+ * one slice holds (MLA_KEYS), the un-absorb, o_proj; a full layer's indexer: wq_b, wk,
  * weights, RoPE, the key, the scores once the context passes index_topk, top-k; dense:
  * gate, up, SiLU, down; MoE: the router, routing, the shared expert's 4, gate, up, SiLU
  * and down of the routed experts, the combine). Kept in step with the code by the
  * emulation's test. */
+#define MLA_KEYS 64 /* glm_hip.hip: keys per tile of k_mla_attend_split, the shortest slice */
+
 static void plan_launches(const Config *c, int full, int dense, int pos, int *out) {
+    const int n_sel = pos + 1 < c->index_topk ? pos + 1 : c->index_topk;
     out[K_SMALL] += 2;                      /* (add +) rmsnorm, add + rmsnorm */
     out[K_ATTN_PROJ] += 5;                  /* q_a, q_b, kv_a, un-absorb (kv_b), o */
     out[K_SMALL] += 2;                      /* q_a norm, rope + kv append */
-    out[K_ATTEND] += 2;                     /* absorb, attend */
+    /* absorb, attend; the combine of the attention's slices: a decode step spreads more keys than one
+     * tile over several workgroups (glm_hip.hip mla_slices: 2 per compute unit; any GPU has >= 1) */
+    out[K_ATTEND] += 2 + (n_sel > MLA_KEYS);
     if (full) {
         out[K_INDEXER] += 3 + (pos + 1 > c->index_topk); /* wq_b, wk, weights, scores */
         out[K_SMALL] += 3;                  /* rope, key, top-k */
@@ -92,6 +98,8 @@ static StepCost step_cost(const Model *m, int pos, int n_tok) {
         s.bytes[K_ATTN_PROJ] += mat(&L->q_a) + mat(&L->q_b) + mat(&L->kv_a) + mat(&L->kv_b) + mat(&L->o);
         if (L->has_indexer)
             s.bytes[K_INDEXER] += mat(&L->ix_wq_b) + mat(&L->ix_wk) + mat(&L->ix_weights) + (visible > c->index_topk ? (double)visible * c->index_head_dim * 4 : 0);
+        /* each selected row once per token for all heads (k_mla_attend_split; its second pass over the
+         * rows, for the values, and the slices' partial sums are assumed to stay in the cache) */
         s.bytes[K_ATTEND] += n_tok * (double)n_sel * AD * 4;
         if (L->dense) s.bytes[K_DENSE] += mat(&L->gate) + mat(&L->up) + mat(&L->down);
         else {

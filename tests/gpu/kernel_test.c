@@ -38,6 +38,10 @@ void gpuk_gemv_split_min(int chunks);
 void gpuk_sample_start_higher(int bins);
 void gpuk_attention(GpuModel *g, int layer, const float *a, int n, int pos0, float *out, int *sel, int *n_sel);
 void gpuk_mlp(GpuModel *g, int layer, const float *a, int n, float *out);
+void gpuk_q_absorb(float *q_abs, const float *q, const Mat *kv_b, const Config *c, int n);
+void gpuk_mla_attend(float *o_lat, const float *q_abs, const float *latent, int T, const int *sel, const int *n_sel, const Config *c, int n, int kmax,
+                     int cus, int slices);
+void gpuk_ix_scores(float *scores, const float *ix_q, const float *ix_w, const float *keys, int T, const Config *c, int n, int pos0);
 
 static int n_pass, n_fail;
 static double g_tol = 1.0;
@@ -522,10 +526,149 @@ static void test_sample(void) {
     free(lg);
 }
 
+static Config mla_config(int NH, int DN, int DR, int DV, int KR, int K) {
+    Config c;
+    memset(&c, 0, sizeof c);
+    c.n_heads = NH; c.qk_nope = DN; c.qk_rope = DR; c.v_head = DV; c.kv_lora_rank = KR; c.index_topk = K;
+    return c;
+}
+
+/* The q absorb (q_abs = W_UKᵀ·q_nope, then q_pe), fast and plain, against glm.c's
+ * mla_absorb: every format, GLM-5.2's shapes and small ones (columns not a multiple of
+ * the fast kernel's 64 or 8), token counts across its 8-token groups. */
+static void test_q_absorb(void) {
+    const int shapes[][5] = {{64, 192, 64, 256, 512}, {8, 64, 16, 32, 96}, {4, 32, 16, 48, 76}}; /* NH, DN, DR, DV, KR */
+    const int ns[] = {1, 3, 9};
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
+        for (int f = 0; f < 4; f++) {
+            const int NH = shapes[si][0], DN = shapes[si][1], DR = shapes[si][2], DV = shapes[si][3], KR = shapes[si][4], AD = KR + DR;
+            if ((f == WF_MXFP4 && KR % 32) || (si == 0 && f != WF_BF16)) continue; /* GLM-5.2's shape: one format (time) */
+            Config c = mla_config(NH, DN, DR, DV, KR, 8);
+            TMat t = make_mat((WeightFormat)f, NH * (DN + DV), KR);
+            Layer L;
+            memset(&L, 0, sizeof L);
+            L.kv_b = t.W;
+            for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++) {
+                const int n = ns[ni];
+                if (si == 0 && n == 9) continue;
+                float *q = xmalloc((size_t)n * NH * (DN + DR) * 4), *ref = xmalloc((size_t)n * NH * AD * 4), *got = xmalloc((size_t)n * NH * AD * 4);
+                fill_n(q, (size_t)n * NH * (DN + DR), 1.0f);
+                RunState rs;
+                memset(&rs, 0, sizeof rs);
+                rs.q = q; rs.q_abs = ref;
+                mla_absorb(&c, &L, &rs, n);
+                for (int plain = 0; plain < 2; plain++) {
+                    gpuk_use_plain(plain);
+                    gpuk_q_absorb(got, q, &t.W, &c, n);
+                    double e = rel_rows(ref, got, n * NH, AD);
+                    char name[128];
+                    snprintf(name, sizeof name, "q absorb %s %s NH %d DN %d KR %d n=%d", plain ? "plain" : "fast", fmt_name[f], NH, DN, KR, n);
+                    report(e <= 2e-6 * g_tol, name, "rel L2 %.3g against mla_absorb", e);
+                }
+                gpuk_use_plain(0);
+                free(q); free(ref); free(got);
+            }
+            free_mat(&t);
+        }
+}
+
+/* The selected-key attention (scores, softmax, latent value sum), the split kernel
+ * with its combine and the plain one, against glm.c's mla_attend_head per (token,
+ * head) on random inputs: GLM-5.2's shapes with the full 2048 keys; several slices
+ * (the host's choice for 1 and 64 compute units, and forced counts); tokens whose
+ * selection is shorter than a slice (40 keys, one key), keys in any order, n = 1 and
+ * n > 1. Any NaN fails (rel_rows). */
+static void test_mla_attend(void) {
+    typedef struct { int NH, DR, KR, K, T, n, cus, slices, nsel[4], kmax; } Case; /* kmax 0: the largest n_sel */
+    const Case cases[] = {
+        {64, 64, 512, 2048, 3000, 1, 64, 0, {2048}, 0},          /* GLM-5.2 decode: 32 slices of one tile */
+        {64, 64, 512, 2048, 3000, 1, 1, 0, {2048}, 0},           /* 2 slices of 16 tiles */
+        {16, 32, 128, 700, 1000, 3, 1, 0, {700, 40, 1}, 0},      /* one slice: no combine */
+        {16, 32, 128, 700, 1000, 3, 0, 4, {700, 40, 1}, 0},      /* 4 slices of 192 keys: 40 and 1 end in slice 0 */
+        {16, 32, 128, 700, 1000, 4, 0, 11, {700, 65, 64, 130}, 0}, /* one tile per slice, tiles cut at 64 keys */
+        {4, 16, 64, 8, 20, 2, 0, 2, {8, 3}, 0},                  /* the tiny checkpoints' shapes */
+        {40, 16, 200, 300, 400, 2, 0, 3, {300, 299}, 0},         /* heads and columns the thread map does not fill */
+        {16, 32, 128, 700, 1000, 2, 64, 0, {700, 300}, 200},  /* n_sel beyond the host's bound: the last slice takes the rest */
+    };
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        const Case *C = &cases[ci];
+        const int NH = C->NH, KR = C->KR, AD = KR + C->DR, K = C->K, n = C->n;
+        Config c = mla_config(NH, 192 - C->DR, C->DR, 0, KR, K);
+        float *q = xmalloc((size_t)n * NH * AD * 4), *lat = xmalloc((size_t)C->T * AD * 4), *ref = xmalloc((size_t)n * NH * KR * 4),
+              *got = xmalloc((size_t)n * NH * KR * 4), *score = xmalloc((size_t)K * 4);
+        int *sel = xmalloc((size_t)n * K * 4), *perm = xmalloc((size_t)C->T * 4), kmax = 0;
+        fill_n(q, (size_t)n * NH * AD, 1.0f);
+        fill_n(lat, (size_t)C->T * AD, 1.0f);
+        for (int t = 0; t < n; t++) { /* distinct random rows, in random order */
+            for (int i = 0; i < C->T; i++) perm[i] = i;
+            for (int i = 0; i < C->nsel[t]; i++) { int j = i + (int)(rnd32() % (uint32_t)(C->T - i)), x = perm[i]; perm[i] = perm[j]; perm[j] = x; }
+            memcpy(sel + (size_t)t * K, perm, (size_t)C->nsel[t] * 4);
+            if (C->nsel[t] > kmax) kmax = C->nsel[t];
+        }
+        const float scale = 1.0f / sqrtf(192.0f);
+        for (int t = 0; t < n; t++)
+            for (int h = 0; h < NH; h++)
+                mla_attend_head(q + ((size_t)t * NH + h) * AD, lat, sel + (size_t)t * K, C->nsel[t], KR, AD, scale, score, ref + ((size_t)t * NH + h) * KR);
+        for (int plain = 0; plain < 2; plain++) {
+            if (plain && ci == 1) continue; /* the same inputs as case 0 */
+            gpuk_use_plain(plain);
+            gpuk_mla_attend(got, q, lat, C->T, sel, C->nsel, &c, n, C->kmax ? C->kmax : kmax, C->cus, C->slices);
+            double e = rel_rows(ref, got, n * NH, KR);
+            char name[160];
+            snprintf(name, sizeof name, "mla attend %s NH %d KR %d DR %d n=%d n_sel %d%s%s (%s %d%s)", plain ? "plain" : "split", NH, KR, C->DR, n, C->nsel[0],
+                     n > 1 ? "," : "", n > 1 ? " ..." : "", C->slices ? "slices" : "compute units", C->slices ? C->slices : C->cus, C->kmax ? ", bound below n_sel" : "");
+            report(e <= 1e-5 * g_tol, name, "rel L2 %.3g against mla_attend_head", e);
+        }
+        gpuk_use_plain(0);
+        free(q); free(lat); free(ref); free(got); free(score); free(sel); free(perm);
+    }
+}
+
+/* The indexer's scores, tiled and plain, against glm.c's index_scores, and the top-k
+ * they give against topk_select of glm.c's scores: GLM-5.2's 32 heads x 128 and the tiny
+ * checkpoints' 4 x 32; a chunk where some tokens still see <= index_topk keys (no scores). */
+static void test_ix_scores(void) {
+    const int cases[][5] = {{32, 128, 64, 250, 3}, {32, 128, 2048, 2100, 2}, {4, 32, 8, 5, 6}, {8, 64, 64, 60, 7}}; /* IH, ID, K, pos0, n */
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        const int IH = cases[ci][0], ID = cases[ci][1], K = cases[ci][2], pos0 = cases[ci][3], n = cases[ci][4], T = pos0 + n + 3;
+        Config c;
+        memset(&c, 0, sizeof c);
+        c.index_n_heads = IH; c.index_head_dim = ID; c.index_topk = K;
+        float *q = xmalloc((size_t)n * IH * ID * 4), *w = xmalloc((size_t)n * IH * 4), *keys = xmalloc((size_t)T * ID * 4);
+        float *ref = xmalloc((size_t)T * 4), *got = xmalloc((size_t)n * T * 4);
+        int *rsel = xmalloc((size_t)K * 4), *gsel = xmalloc((size_t)K * 4);
+        fill_n(q, (size_t)n * IH * ID, 1.0f); fill_n(w, (size_t)n * IH, 1.0f); fill_n(keys, (size_t)T * ID, 1.0f);
+        for (int plain = 0; plain < 2; plain++) {
+            gpuk_use_plain(plain);
+            gpuk_ix_scores(got, q, w, keys, T, &c, n, pos0);
+            double worst = 0;
+            int sel_bad = 0, scored = 0;
+            for (int t = 0; t < n; t++) {
+                const int visible = pos0 + t + 1;
+                if (visible <= K) continue;
+                scored++;
+                index_scores(&c, q + (size_t)t * IH * ID, w + (size_t)t * IH, keys, visible, ref);
+                double e = rel_rows(ref, got + (size_t)t * T, 1, visible);
+                if (e > worst) worst = e;
+                topk_select(ref, visible, K, rsel);
+                topk_select(got + (size_t)t * T, visible, K, gsel);
+                qsort(rsel, (size_t)K, sizeof(int), cmp_int);
+                qsort(gsel, (size_t)K, sizeof(int), cmp_int);
+                sel_bad += memcmp(rsel, gsel, (size_t)K * 4) != 0;
+            }
+            char name[128];
+            snprintf(name, sizeof name, "indexer scores %s IH %d ID %d topk %d pos0 %d n=%d (%d scored)", plain ? "plain" : "tiled", IH, ID, K, pos0, n, scored);
+            report(scored > 0 && worst <= 1e-6 * g_tol && !sel_bad, name, "rel L2 %.3g, %d top-k selections differ", worst, sel_bad);
+        }
+        gpuk_use_plain(0);
+        free(q); free(w); free(keys); free(ref); free(got); free(rsel); free(gsel);
+    }
+}
+
 /* The blocks of forward() on a real (tiny) checkpoint: each layer's attention and
  * MLP, fed the same random normalised input, through a prefill chunk of 12 tokens,
  * four decode steps and a chunk of 3. */
-static void test_blocks(const char *dir) {
+static void test_blocks(const char *dir, int plain) {
     Model m;
     model_load(&m, dir);
     const Config *c = &m.cfg;
@@ -535,6 +678,7 @@ static void test_blocks(const char *dir) {
     RunState s;
     runstate_init(&s, c, 64, ctx);
     GpuModel *g = gpu_load(&m, 1, ctx);
+    gpuk_use_plain(plain); /* after gpu_load, which sets it from GLM_GPU_KERNELS */
     const int steps[] = {12, 1, 1, 1, 1, 3};
     float *a = xmalloc((size_t)64 * H * 4), *out = xmalloc((size_t)64 * H * 4);
     int *sel = xmalloc((size_t)64 * K * 4), *nsel = xmalloc(64 * 4);
@@ -570,11 +714,12 @@ static void test_blocks(const char *dir) {
         pos0 += n;
     }
     char name[300];
-    snprintf(name, sizeof name, "attention (all layers, prefill + decode) %s", dir);
+    snprintf(name, sizeof name, "attention%s (all layers, prefill + decode) %s", plain ? ", plain kernels" : "", dir);
     report(att_worst <= 1e-5 * g_tol && !sel_bad, name, "rel L2 %.3g, %d token selections differ", att_worst, sel_bad);
-    snprintf(name, sizeof name, "mlp / moe (all layers, prefill + decode) %s", dir);
+    snprintf(name, sizeof name, "mlp / moe%s (all layers, prefill + decode) %s", plain ? ", plain kernels" : "", dir);
     report(mlp_worst <= 1e-5 * g_tol, name, "rel L2 %.3g", mlp_worst);
     gpu_free(g);
+    gpuk_use_plain(0);
     free(a); free(out); free(sel); free(nsel);
     runstate_free(&s);
     kvcache_free(&kv);
@@ -668,7 +813,11 @@ int main(int argc, char **argv) {
     test_moe_route_nan();
     test_silu_mul();
     test_sample();
-    for (int i = 1; i < argc; i++) test_blocks(argv[i]);
+    test_q_absorb();
+    test_mla_attend();
+    test_ix_scores();
+    for (int i = 1; i < argc; i++) test_blocks(argv[i], 0);
+    if (argc > 1) test_blocks(argv[1], 1); /* the plain kernels, once */
     printf("%d passed, %d failed\n", n_pass, n_fail);
     return n_fail != 0;
 }

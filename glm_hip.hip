@@ -447,13 +447,15 @@ __global__ void __launch_bounds__(BLOCK) k_gemv_experts(const DMat *table, const
     gemv_rows1(W, x + (size_t)(slot / x_div) * ldx, y + (size_t)slot * ldy, 0, nr);
 }
 
-__global__ void __launch_bounds__(BLOCK) k_gemm(DMat W, const float *x, int ldx, float *y, int ldy, int r0, int nr, int n, int zr, int zx, int zy) {
+/* One TM x TN tile of y = W · x (rows row0.., tokens tok0.. of n): token t reads x row
+ * x_rows[t] / x_div and writes y row y_rows[t] where the maps are given (the grouped
+ * experts: a tile of the tokens routed to one expert), rows t otherwise. The sums run over
+ * k in order, exactly as glm.c's dot() after mat_dequant_row(). */
+__device__ void gemm_tile(const DMat &W, int r0, int nr, const float *x, int ldx, const int *x_rows, int x_div, float *y, int ldy, const int *y_rows,
+                          int n, int row0, int tok0) {
     __shared__ float ws[TM][TK + 1];
     __shared__ float xs[TN][TK + 1];
-    const int z = blockIdx.z, row0 = blockIdx.x * TM, tok0 = blockIdx.y * TN, cols = W.cols;
-    x += (size_t)z * zx;
-    y += (size_t)z * zy;
-    r0 += z * zr;
+    const int cols = W.cols;
     const int tr = threadIdx.x % TM, tc = (threadIdx.x / TM) * (TN * TM / BLOCK); /* 8 tokens per thread */
     float acc[TN * TM / BLOCK];
     UNROLL for (int j = 0; j < TN * TM / BLOCK; j++) acc[j] = 0.0f;
@@ -464,7 +466,8 @@ __global__ void __launch_bounds__(BLOCK) k_gemm(DMat W, const float *x, int ldx,
         }
         for (int i = threadIdx.x; i < TN * TK; i += BLOCK) {
             int t = i / TK, k = i % TK;
-            xs[t][k] = (tok0 + t < n && k0 + k < cols) ? x[(size_t)(tok0 + t) * ldx + k0 + k] : 0.0f;
+            size_t xr = (size_t)(x_rows ? x_rows[tok0 + t < n ? tok0 + t : 0] / x_div : tok0 + t);
+            xs[t][k] = (tok0 + t < n && k0 + k < cols) ? x[xr * ldx + k0 + k] : 0.0f;
         }
         __syncthreads();
         for (int k = 0; k < TK && k0 + k < cols; k++) {
@@ -474,7 +477,29 @@ __global__ void __launch_bounds__(BLOCK) k_gemm(DMat W, const float *x, int ldx,
         __syncthreads();
     }
     UNROLL for (int j = 0; j < TN * TM / BLOCK; j++)
-        if (row0 + tr < nr && tok0 + tc + j < n) y[(size_t)(tok0 + tc + j) * ldy + row0 + tr] = acc[j];
+        if (row0 + tr < nr && tok0 + tc + j < n) {
+            size_t yr = (size_t)(y_rows ? y_rows[tok0 + tc + j] : tok0 + tc + j);
+            y[yr * ldy + row0 + tr] = acc[j];
+        }
+}
+
+__global__ void __launch_bounds__(BLOCK) k_gemm(DMat W, const float *x, int ldx, float *y, int ldy, int r0, int nr, int n, int zr, int zx, int zy) {
+    const int z = blockIdx.z;
+    gemm_tile(W, r0 + z * zr, nr, x + (size_t)z * zx, ldx, NULL, 1, y + (size_t)z * zy, ldy, NULL, n, blockIdx.x * TM, blockIdx.y * TN);
+}
+
+/* The routed experts of a prefill chunk, grouped (k_moe_group sorted the (token, slot)
+ * pairs by expert): block (x, y) is row tile x of tile y of the list, TN pairs of one
+ * expert, so each chosen expert's weights are read once per chunk for all its tokens
+ * instead of once per token. Pair p is slot pair_slot[p] = token * A + k: its input row is
+ * x[slot / x_div] (the token's, x_div = A; or the slot's own, x_div = 1) and its output
+ * row y[slot], where k_moe_combine finds it. */
+__global__ void __launch_bounds__(BLOCK) k_gemm_grouped(const DMat *table, const int *tiles, const int *n_tiles, const int *group_end, const int *pair_slot,
+                                                        const float *x, int ldx, int x_div, float *y, int ldy, int nr) {
+    if ((int)blockIdx.y >= *n_tiles) return;
+    const int e = tiles[2 * blockIdx.y], p0 = tiles[2 * blockIdx.y + 1];
+    const int n = group_end[e] - p0 < TN ? group_end[e] - p0 : TN;
+    gemm_tile(table[e], 0, nr, x, ldx, pair_slot + p0, x_div, y, ldy, pair_slot + p0, n, blockIdx.x * TM, 0);
 }
 
 /* ======================================================================== */
@@ -1398,6 +1423,33 @@ __global__ void __launch_bounds__(BLOCK) k_moe_combine(float *y, const float *ex
     }
 }
 
+/* A prefill chunk's (token, slot) pairs grouped by expert, for k_gemm_grouped (one block):
+ * group_end[e] = where expert e's pairs end in pair_slot (they start where e-1's end),
+ * pair_slot[p] = the slot (token * A + k) of pair p, and the tile list: tile i is
+ * (expert, first pair) of up to `tile` pairs; *n_tiles of them. The order of the pairs
+ * within an expert is the order the atomics hand out, which changes no result: each
+ * pair's row is computed on its own. */
+#define MOE_MAX_EXPERTS 1024
+__global__ void __launch_bounds__(BLOCK) k_moe_group(const int *idx, int slots, int E, int tile, int *group_end, int *pair_slot, int *tiles, int *n_tiles) {
+    __shared__ int count[MOE_MAX_EXPERTS], next[MOE_MAX_EXPERTS];
+    for (int e = threadIdx.x; e < E; e += blockDim.x) count[e] = 0;
+    __syncthreads();
+    for (int s = threadIdx.x; s < slots; s += blockDim.x) atomicAdd(&count[idx[s]], 1);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int at = 0, nt = 0;
+        for (int e = 0; e < E; e++) {
+            next[e] = at;
+            for (int p = at; p < at + count[e]; p += tile) { tiles[2 * nt] = e; tiles[2 * nt + 1] = p; nt++; }
+            at += count[e];
+            group_end[e] = at;
+        }
+        *n_tiles = nt;
+    }
+    __syncthreads();
+    for (int s = threadIdx.x; s < slots; s += blockDim.x) pair_slot[atomicAdd(&next[idx[s]], 1)] = s;
+}
+
 /* ======================================================================== */
 /* 8. sampling (glm.c §10) on the last device: only the token id comes back   */
 
@@ -1769,6 +1821,7 @@ struct GDev {            /* one device: its layer range, weights, cache and a Ru
     float *mla_part, *mla_ml; /* k_mla_attend_split's slices: [rows][NH][KR] sums, [rows][NH] (max, sum) */
     float *eh;           /* [cap][2H] the MTP layer's input (last device, with an MTP layer) */
     int *sel, *n_sel, *ex_idx, *tokens;
+    int *grp_end, *grp_slot, *grp_tiles, *grp_n; /* k_moe_group's: [E], [cap][A], [2][tiles], [1] */
     SampleBufs samp;     /* the sampler's buffers (last device) */
     float *split_part;   /* [split_part_floats] the split products' partial sums (k_gemv_fast) */
     unsigned *split_count; /* [GF_COUNTS] their arrival counters, kept at 0 between launches */
@@ -1924,6 +1977,10 @@ static int mla_slices(int cus, int n, int kmax, int *slice_len) {
 static int mla_fast(const Config *c) { return c->n_heads <= MLA_HEADS && c->kv_lora_rank <= 32 * MLA_COLS; }
 static int ix_fast(const Config *c) { return c->index_n_heads <= IX_HEADS && c->index_head_dim <= IX_DIM; }
 
+/* The most tiles k_moe_group can list for a chunk of n tokens: every expert's pairs in
+ * TN-pair tiles, the last one of each partly full. */
+static int grouped_tiles(const Config *c, int n) { return (n * c->n_active + TN - 1) / TN + c->n_experts; }
+
 /* Scratch of one device for chunks of up to g->cap tokens (glm.c runstate_init). */
 static void take_scratch(GpuModel *g, GDev *D, int last) {
     const Config *c = &g->c;
@@ -1964,6 +2021,10 @@ static void take_scratch(GpuModel *g, GDev *D, int last) {
     D->eh1 = (float *)arena_take(A, B * c->n_active * c->moe_inter * F);
     D->eh2 = (float *)arena_take(A, B * c->n_active * c->moe_inter * F);
     D->ex_y = (float *)arena_take(A, B * c->n_active * c->hidden * F);
+    D->grp_end = (int *)arena_take(A, (size_t)c->n_experts * sizeof(int));
+    D->grp_slot = (int *)arena_take(A, B * c->n_active * sizeof(int));
+    D->grp_tiles = (int *)arena_take(A, 2 * grouped_tiles(c, (int)B) * sizeof(int));
+    D->grp_n = (int *)arena_take(A, sizeof(int));
     D->tokens = (int *)arena_take(A, B * sizeof(int));
     D->split_part = (float *)arena_take(A, split_part_floats(D->id) * F);
     D->split_count = (unsigned *)arena_take(A, GF_COUNTS * sizeof(unsigned));
@@ -2057,6 +2118,49 @@ static void zero_kv(GpuModel *g, const GLayer *G) {
     if (G->index_k) CHECK(hipMemset(G->index_k, 0, (size_t)g->ctx * c->index_head_dim * sizeof(float)));
 }
 
+/* The scratch a device takes for chunks of g->cap tokens (a counting pass of take_scratch). */
+static size_t scratch_bytes(GpuModel *g, GDev *D) {
+    D->scratch.base = NULL;
+    D->scratch.used = 0;
+    take_scratch(g, D, D->id == g->n_dev - 1);
+    return D->scratch.used;
+}
+
+/* What device d can take: its free memory (to *free_b) less some room for the runtime's
+ * own allocations (code objects, launch queues). */
+static size_t device_room(int d, size_t *free_b) {
+    size_t total_b = 0;
+    CHECK(hipSetDevice(d));
+    CHECK(hipMemGetInfo(free_b, &total_b));
+    size_t margin = total_b / 64 < ((size_t)512 << 20) ? total_b / 64 : ((size_t)512 << 20);
+    return *free_b > margin ? *free_b - margin : 0;
+}
+
+/* Tokens per prefill chunk: GLM_GPU_CHUNK if set; otherwise GPU_MAX_CHUNK (or the context),
+ * halved while some device cannot hold its weights, cache and the scratch of such a chunk
+ * (activations, indexer and attention scores, the experts' rows all grow with it), down
+ * to 64. Large chunks let each expert's weights serve many tokens. */
+#define GPU_MAX_CHUNK 2048
+static int prefill_chunk(GpuModel *g) {
+    const char *e = getenv("GLM_GPU_CHUNK");
+    if (e && *e) {
+        char *end;
+        long v = strtol(e, &end, 10);
+        if (*end || v < 1 || v > GPU_MAX_CHUNK) glm_fatal("GLM_GPU_CHUNK=%s: expected 1..%d tokens", e, GPU_MAX_CHUNK);
+        return v < g->ctx ? (int)v : g->ctx;
+    }
+    int cap = g->ctx < GPU_MAX_CHUNK ? g->ctx : GPU_MAX_CHUNK;
+    for (;; cap /= 2) {
+        g->cap = cap;
+        int fits = 1;
+        for (int d = 0; d < g->n_dev; d++) {
+            size_t free_b;
+            fits &= g->dev[d].wbytes + g->dev[d].kv_bytes + scratch_bytes(g, &g->dev[d]) <= device_room(d, &free_b);
+        }
+        if (fits || cap <= 64) return cap;
+    }
+}
+
 /* GLM_GPU_KERNELS: "fast" (the default) or "plain" */
 static void choose_kernels(void) {
     const char *k = getenv("GLM_GPU_KERNELS");
@@ -2079,7 +2183,7 @@ extern "C" GpuModel *gpu_load(const Model *m, int n_gpus, int ctx) {
     g->c = m->cfg;
     g->n_dev = n_gpus;
     g->ctx = ctx;
-    g->cap = ctx < 64 ? ctx : 64;
+    g->cap = ctx < 64 ? ctx : 64; /* chosen below, once the devices' shares are known */
     const Config *c = &g->c;
     g->layers = (GLayer *)calloc((size_t)c->n_layers, sizeof(GLayer));
     if (!g->layers) glm_fatal("out of memory");
@@ -2115,9 +2219,7 @@ extern "C" GpuModel *gpu_load(const Model *m, int n_gpus, int ctx) {
     }
     plan_split(g, lb, H.used, Tl.used + M.used);
 
-    /* the plan: bytes per device, checked against what each device has free */
-    fprintf(stderr, "glm: gpu plan: %d layers on %d device(s), context %d tokens\n", c->n_layers, n_gpus, ctx);
-    int fits = 1;
+    /* each device's weights and KV cache rows */
     for (int d = 0; d < n_gpus; d++) {
         GDev *D = &g->dev[d];
         D->id = d;
@@ -2130,18 +2232,20 @@ extern "C" GpuModel *gpu_load(const Model *m, int n_gpus, int ctx) {
         }
         D->wbytes = wbytes;
         D->kv_bytes = kv;
-        D->scratch.base = NULL;
-        D->scratch.used = 0;
-        take_scratch(g, D, d == n_gpus - 1);
-        D->scratch.size = D->scratch.used;
-        size_t need = wbytes + kv + D->scratch.size, free_b = 0, total_b = 0;
-        CHECK(hipSetDevice(d));
-        CHECK(hipMemGetInfo(&free_b, &total_b));
+    }
+    g->cap = prefill_chunk(g);
+
+    /* the plan: bytes per device, checked against what each device has free */
+    fprintf(stderr, "glm: gpu plan: %d layers on %d device(s), context %d tokens, prefill in chunks of %d\n", c->n_layers, n_gpus, ctx, g->cap);
+    int fits = 1;
+    for (int d = 0; d < n_gpus; d++) {
+        GDev *D = &g->dev[d];
+        const size_t wbytes = D->wbytes, kv = D->kv_bytes;
+        D->scratch.size = scratch_bytes(g, D);
+        size_t need = wbytes + kv + D->scratch.size, free_b = 0;
         hipDeviceProp_t prop;
         CHECK(hipGetDeviceProperties(&prop, d));
-        /* keep some room for the runtime's own allocations (code objects, launch queues) */
-        size_t margin = total_b / 64 < ((size_t)512 << 20) ? total_b / 64 : ((size_t)512 << 20);
-        int ok = need + margin <= free_b;
+        int ok = need <= device_room(d, &free_b);
         fits &= ok;
         fprintf(stderr, "  device %d (%s): layers %d-%d%s%s%s: weights %.3f GB + KV cache %.3f GB + scratch %.3f GB = %.3f GB of %.3f GB free%s\n",
                 d, prop.name, D->l0, D->l1 - 1, d == 0 ? " + embedding" : "", d == n_gpus - 1 ? " + lm_head" : "",
@@ -2379,10 +2483,21 @@ static void moe(GpuModel *g, GDev *D, const GLayer *L, const float *x, float *y,
     if (c->n_shared) swiglu(D, y, x, L->sh_gate, L->sh_up, L->sh_down, n); /* unscaled (pitfall 8) */
     else CHECK(hipMemsetAsync(y, 0, (size_t)n * H * sizeof(float), 0));
     const unsigned slots = (unsigned)(n * A);
-    experts(L->ex_gate, L->ex_fmt[0], D->ex_idx, x, H, A, D->eh1, FI, FI, slots);
-    experts(L->ex_up, L->ex_fmt[1], D->ex_idx, x, H, A, D->eh2, FI, FI, slots);
-    LAUNCHED(k_silu_mul, dim3(blocks_for((size_t)slots * FI)), dim3(BLOCK), 0, 0, D->eh1, (const float *)D->eh2, (size_t)slots * FI);
-    experts(L->ex_down, L->ex_fmt[2], D->ex_idx, D->eh1, FI, 1, D->ex_y, H, H, slots);
+    if (n > GEMV_MAXN && !g_plain_kernels) { /* prefill: each chosen expert once, over all its tokens */
+        const unsigned tiles = (unsigned)grouped_tiles(c, n);
+        LAUNCHED(k_moe_group, dim3(1), dim3(BLOCK), 0, 0, (const int *)D->ex_idx, (int)slots, c->n_experts, TN, D->grp_end, D->grp_slot, D->grp_tiles, D->grp_n);
+        const int *T = D->grp_tiles, *nt = D->grp_n, *end = D->grp_end, *ps = D->grp_slot;
+        LAUNCHED(k_gemm_grouped, dim3((FI + TM - 1) / TM, tiles), dim3(BLOCK), 0, 0, (const DMat *)L->ex_gate, T, nt, end, ps, x, H, A, D->eh1, FI, FI);
+        LAUNCHED(k_gemm_grouped, dim3((FI + TM - 1) / TM, tiles), dim3(BLOCK), 0, 0, (const DMat *)L->ex_up, T, nt, end, ps, x, H, A, D->eh2, FI, FI);
+        LAUNCHED(k_silu_mul, dim3(blocks_for((size_t)slots * FI)), dim3(BLOCK), 0, 0, D->eh1, (const float *)D->eh2, (size_t)slots * FI);
+        LAUNCHED(k_gemm_grouped, dim3((H + TM - 1) / TM, tiles), dim3(BLOCK), 0, 0, (const DMat *)L->ex_down, T, nt, end, ps, (const float *)D->eh1, FI, 1, D->ex_y,
+                 H, H);
+    } else { /* decode: one product per (token, slot) */
+        experts(L->ex_gate, L->ex_fmt[0], D->ex_idx, x, H, A, D->eh1, FI, FI, slots);
+        experts(L->ex_up, L->ex_fmt[1], D->ex_idx, x, H, A, D->eh2, FI, FI, slots);
+        LAUNCHED(k_silu_mul, dim3(blocks_for((size_t)slots * FI)), dim3(BLOCK), 0, 0, D->eh1, (const float *)D->eh2, (size_t)slots * FI);
+        experts(L->ex_down, L->ex_fmt[2], D->ex_idx, D->eh1, FI, 1, D->ex_y, H, H, slots);
+    }
     LAUNCHED(k_moe_combine, dim3(n), dim3(BLOCK), 0, 0, y, (const float *)D->ex_y, (const float *)D->ex_w, A, H);
 }
 

@@ -103,11 +103,21 @@ d=$OUT/mxfp4; V=$(vocab "$d")
 "$CPU" logits -m "$d" --ids $SHORT -o "$d/cpu_short.bin" 2>/dev/null
 ./glm_emu32 logits --gpu -m "$d" --ids $SHORT -o "$d/gpu_short.bin" 2>/dev/null || bad "glm_emu32 short prefill" "failed"
 compare "forward mxfp4 wave 32, 5-token prefill vs CPU" "$d/cpu_short.bin" "$d/gpu_short.bin" "$V"
-LONG=$(seq -s, 1 7 490 | cut -d, -f1-70)                    # 70 tokens: two chunks of the 64-token scratch
+LONG=$(seq -s, 1 7 490 | cut -d, -f1-70)                    # 70 tokens: two chunks of 64 (GLM_GPU_CHUNK)
 d=$OUT/mixed
 "$CPU" logits -m "$d" --ids "$LONG" --ctx 100 -o "$d/cpu_long.bin" 2>/dev/null
-./glm_emu32 logits --gpus 2 -m "$d" --ids "$LONG" --ctx 100 -o "$d/gpu_long.bin" 2>/dev/null || bad "glm_emu32 70-token prefill" "failed"
+GLM_GPU_CHUNK=64 ./glm_emu32 logits --gpus 2 -m "$d" --ids "$LONG" --ctx 100 -o "$d/gpu_long.bin" 2>/dev/null || bad "glm_emu32 70-token prefill" "failed"
 compare "forward mixed wave 32, 70 tokens in two chunks on 2 GPUs vs CPU" "$d/cpu_long.bin" "$d/gpu_long.bin" "$V"
+./glm_emu64 logits --gpu -m "$d" --ids "$LONG" --ctx 100 -o "$d/gpu_long1.bin" 2>"$OUT/err_chunk1" || bad "glm_emu64 70-token prefill" "failed"
+compare "forward mixed wave 64, 70 tokens in one chunk (the grouped experts) vs CPU" "$d/cpu_long.bin" "$d/gpu_long1.bin" "$V"
+grep -q "prefill in chunks of 100$" "$OUT/err_chunk1" && ok "the plan: prefill chunks of the whole context (100) when it fits" ||
+    bad "prefill chunk" "plan line: $(grep 'gpu plan' "$OUT/err_chunk1")"
+# prefill chunks shrink (2048 -> halves) until the scratch fits the device: 30 MB leaves 256
+GLM_EMU_DEVICE_MEM=30000000 ./glm_emu64 logits --gpu -m "$d" --ids "$LONG" --ctx 4096 -o "$d/gpu_long2.bin" 2>"$OUT/err_chunk2"
+if grep -q "prefill in chunks of 256$" "$OUT/err_chunk2"; then ok "the plan halves the prefill chunk to fit 30 MB (256 tokens)"
+else bad "prefill chunk in 30 MB" "$(grep -A1 'gpu plan' "$OUT/err_chunk2" | tr '\n' ' ')"; fi
+GLM_GPU_CHUNK=0 ./glm_emu64 logits --gpu -m "$d" --ids 1 -o "$d/x.bin" 2>"$OUT/err_chunk3"; rc=$?
+[ $rc = 1 ] && grep -q "GLM_GPU_CHUNK=0: expected" "$OUT/err_chunk3" && ok "GLM_GPU_CHUNK=0: one error line, exit 1" || bad "GLM_GPU_CHUNK=0" "rc $rc: $(cat "$OUT/err_chunk3")"
 
 # --- the MTP layer: logits --mtp --gpu against the CPU's logits --mtp ------------------------------
 # [n-1][V]: row i the MTP layer's prediction of id i+2 from h_i and id i+1; the MTP layer sits on
@@ -139,13 +149,13 @@ for w in 64 32; do
     done
 done
 "$CPU" logits --mtp -m "$d" --ids "$LONG" --ctx 100 -o "$d/cpu_mtp_long.bin" 2>/dev/null
-./glm_emu32 logits --mtp --gpus 2 -m "$d" --ids "$LONG" --ctx 100 -o "$d/gpu_mtp_long.bin" 2>/dev/null || bad "glm_emu32 70-token MTP prefill" "failed"
+GLM_GPU_CHUNK=64 ./glm_emu32 logits --mtp --gpus 2 -m "$d" --ids "$LONG" --ctx 100 -o "$d/gpu_mtp_long.bin" 2>/dev/null || bad "glm_emu32 70-token MTP prefill" "failed"
 compare "MTP layer mixed wave 32, 70 tokens in two chunks on 2 GPUs vs CPU" "$d/cpu_mtp_long.bin" "$d/gpu_mtp_long.bin" "$V"
 # run (only the last token's logits, so no copy back synchronizes device 1 between chunks):
 # the next chunk's hand-over must wait for device 1's queued work before its peer copy
 # (ROCm's hipMemcpyPeer does not; the emulator aborts on a peer copy into a busy device)
 a=$("$CPU" run -m "$d" --ids "$LONG" --ctx 100 -n 4 --temp 0 2>/dev/null)
-b=$(./glm_emu32 run --gpus 2 -m "$d" --ids "$LONG" --ctx 100 -n 4 --temp 0 2>"$OUT/err_long_run")
+b=$(GLM_GPU_CHUNK=64 ./glm_emu32 run --gpus 2 -m "$d" --ids "$LONG" --ctx 100 -n 4 --temp 0 2>"$OUT/err_long_run")
 if [ -n "$a" ] && [ "$a" = "$b" ]; then ok "run --gpus 2, 70-token prompt in two chunks: same tokens as the CPU ($a)"
 else bad "run --gpus 2, 70-token prompt" "CPU '$a' vs GPU '$b': $(tail -n 1 "$OUT/err_long_run")"; fi
 

@@ -26,15 +26,16 @@ typedef struct {
     double hbm_gbs;          /* per device */
     double mem_gb;           /* per device */
     double launch_us;        /* a kernel launch back to back on one stream */
+    double bf16_tflops;      /* dense BF16 matrix-core peak (no sparsity) */
 } Target;
 
 /* Vendor figures for bandwidth and memory; launch costs as commonly measured for
  * back-to-back launches on one stream (HIP costs more than CUDA). Override with flags. */
 static const Target TARGETS[] = {
-    {"mi355x", "AMD Instinct MI355X", 8000, 288, 5.0},
-    {"mi300x", "AMD Instinct MI300X", 5300, 192, 5.0},
-    {"h100", "NVIDIA H100 SXM", 3350, 80, 3.0},
-    {"h200", "NVIDIA H200", 4800, 141, 3.0},
+    {"mi355x", "AMD Instinct MI355X", 8000, 288, 5.0, 2500},
+    {"mi300x", "AMD Instinct MI300X", 5300, 192, 5.0, 1307},
+    {"h100", "NVIDIA H100 SXM", 3350, 80, 3.0, 989},
+    {"h200", "NVIDIA H200", 4800, 141, 3.0, 989},
 };
 
 /* The kernel classes of one decode step, as glm_hip.hip runs them. */
@@ -134,11 +135,126 @@ static StepCost draft_cost(const Model *m) {
 typedef struct {
     const Target *t;
     int gpus;
-    double eff, launch_us;
+    double eff, launch_us, mma_eff;
 } Machine;
 
 static double total(const double *v, int n) { double s = 0; for (int i = 0; i < n; i++) s += v[i]; return s; }
 static int total_i(const int *v, int n) { int s = 0; for (int i = 0; i < n; i++) s += v[i]; return s; }
+
+/* ------------------------------------------------------------------------ */
+/* Prefill: chunks of up to 2048 tokens (glm_hip.hip prefill_chunk), each a set of matrix
+ * products over the whole chunk. Its time is the larger of its arithmetic on the matrix
+ * cores (at mma_eff of the dense BF16 peak) and its bytes (the weights once per chunk,
+ * each routed expert once for all the tokens routed to it: k_gemm_grouped; the cache rows
+ * each token's attention reads), plus its launches. */
+#define PREFILL_CHUNK 2048
+
+typedef struct {
+    double flops, weight_bytes, expert_bytes, cache_bytes;
+    int launches;
+} ChunkCost;
+
+static double elems(const Mat *W) { return (double)W->rows * W->cols; }
+
+/* A chunk of n tokens at positions pos0..pos0+n-1 (the last one's lm_head only). */
+static ChunkCost chunk_cost(const Model *m, int pos0, int n) {
+    const Config *c = &m->cfg;
+    ChunkCost k;
+    memset(&k, 0, sizeof k);
+    const int NH = c->n_heads, KR = c->kv_lora_rank, AD = KR + c->qk_rope, A = c->n_active, E = c->n_experts;
+    double sel = 0, vis = 0; /* Σ over the chunk's tokens of selected keys and of visible keys */
+    for (int t = 0; t < n; t++) {
+        const int v = pos0 + t + 1;
+        vis += v;
+        sel += v < c->index_topk ? v : c->index_topk;
+    }
+    /* the experts a chunk touches: each of E with probability 1 - (1 - A/E)^n */
+    const double distinct = E ? E * (1 - pow(1 - (double)A / E, n)) : 0;
+    for (int l = 0; l < c->n_layers; l++) {
+        const Layer *L = &m->layers[l];
+        const Mat *proj[] = {&L->q_a, &L->q_b, &L->kv_a, &L->kv_b, &L->o};
+        for (int i = 0; i < 5; i++) k.weight_bytes += mat(proj[i]);
+        k.flops += 2.0 * n * (elems(&L->q_a) + elems(&L->q_b) + elems(&L->kv_a) + elems(&L->o)); /* kv_b: absorb + un-absorb */
+        k.flops += 2.0 * n * NH * ((double)c->qk_nope * KR + (double)KR * c->v_head);
+        k.flops += 2.0 * NH * (AD + KR) * sel;              /* scores and values over the selected rows */
+        k.cache_bytes += sel * AD * 4;
+        if (L->has_indexer) {
+            k.weight_bytes += mat(&L->ix_wq_b) + mat(&L->ix_wk) + mat(&L->ix_weights);
+            k.flops += 2.0 * n * (elems(&L->ix_wq_b) + elems(&L->ix_wk) + elems(&L->ix_weights));
+            k.flops += 2.0 * c->index_n_heads * c->index_head_dim * vis; /* every visible key scored */
+            k.cache_bytes += vis * c->index_head_dim * 4;
+        }
+        if (L->dense) {
+            k.weight_bytes += mat(&L->gate) + mat(&L->up) + mat(&L->down);
+            k.flops += 2.0 * n * (elems(&L->gate) + elems(&L->up) + elems(&L->down));
+        } else {
+            double ex = 0, exe = 0;
+            for (int e = 0; e < E; e++) {
+                ex += mat(&L->ex_gate[e]) + mat(&L->ex_up[e]) + mat(&L->ex_down[e]);
+                exe += elems(&L->ex_gate[e]) + elems(&L->ex_up[e]) + elems(&L->ex_down[e]);
+            }
+            k.weight_bytes += mat(&L->router) + mat(&L->sh_gate) + mat(&L->sh_up) + mat(&L->sh_down);
+            k.expert_bytes += distinct * ex / E;
+            k.flops += 2.0 * n * (elems(&L->router) + elems(&L->sh_gate) + elems(&L->sh_up) + elems(&L->sh_down) + A * exe / E);
+        }
+        int lc[K_N] = {0};
+        plan_launches(c, L->has_indexer, L->dense, pos0 + n - 1, lc);
+        k.launches += total_i(lc, K_N) + (L->dense ? 0 : 1); /* + k_moe_group */
+    }
+    k.weight_bytes += n * mat(&m->embed) / m->embed.rows + mat(&m->lm_head);
+    k.flops += 2.0 * elems(&m->lm_head);
+    k.launches += 4;
+    return k;
+}
+
+static double chunk_seconds(const ChunkCost *k, const Machine *M) {
+    const double compute = k->flops / (M->t->bf16_tflops * 1e12 * M->mma_eff);
+    const double memory = (k->weight_bytes + k->expert_bytes + k->cache_bytes) / (M->t->hbm_gbs * 1e9 * M->eff);
+    return (compute > memory ? compute : memory) + k->launches * M->launch_us * 1e-6;
+}
+
+/* A prompt of `len` tokens in chunks of PREFILL_CHUNK: seconds, and the first chunk's cost. */
+static double prefill_seconds(const Model *m, const Machine *M, int len, ChunkCost *first) {
+    double t = 0;
+    for (int p = 0; p < len; p += PREFILL_CHUNK) {
+        ChunkCost k = chunk_cost(m, p, len - p < PREFILL_CHUNK ? len - p : PREFILL_CHUNK);
+        if (p == 0 && first) *first = k;
+        t += chunk_seconds(&k, M);
+    }
+    return t;
+}
+
+static void print_prefill(const Model *m, const Machine *M, int json) {
+    const int lens[] = {2048, 20000};
+    const Config *c = &m->cfg;
+    ChunkCost k0;
+    double t[2];
+    for (int i = 0; i < 2; i++) t[i] = prefill_seconds(m, M, lens[i], i == 0 ? &k0 : NULL);
+    double per_token_ex = 0; /* the same chunk's experts read once per (token, slot), as the decode kernels would */
+    for (int l = 0; l < c->n_layers; l++) {
+        const Layer *L = &m->layers[l];
+        if (L->dense) continue;
+        double ex = 0;
+        for (int e = 0; e < c->n_experts; e++) ex += mat(&L->ex_gate[e]) + mat(&L->ex_up[e]) + mat(&L->ex_down[e]);
+        per_token_ex += (double)PREFILL_CHUNK * c->n_active * ex / c->n_experts;
+    }
+    if (json) {
+        printf(", \"prefill\": {\"chunk\": %d, \"mma_eff\": %.3f, \"bf16_tflops\": %.0f, \"chunk_tflop\": %.3f, \"chunk_weight_gb\": %.4f, "
+               "\"chunk_expert_gb\": %.4f, \"chunk_expert_gb_per_token\": %.4f, \"chunk_cache_gb\": %.4f, \"chunk_launches\": %d, "
+               "\"s_2048\": %.4f, \"s_20000\": %.4f, \"tok_s_2048\": %.1f, \"tok_s_20000\": %.1f}",
+               PREFILL_CHUNK, M->mma_eff, M->t->bf16_tflops, k0.flops / 1e12, k0.weight_bytes / 1e9, k0.expert_bytes / 1e9, per_token_ex / 1e9,
+               k0.cache_bytes / 1e9, k0.launches, t[0], t[1], lens[0] / t[0], lens[1] / t[1]);
+        return;
+    }
+    printf("  prefill in chunks of %d (matrix cores at %.0f%% of %.0f dense BF16 TFLOP/s, BF16 activations):\n", PREFILL_CHUNK, 100 * M->mma_eff,
+           M->t->bf16_tflops);
+    printf("    a first chunk: %.1f TFLOP; %.2f GB of weights, %.2f GB of routed experts (each chosen expert once;\n"
+           "    %.1f GB if read per token and slot), %.3f GB of cache rows (each token's own: mostly L2 hits); %d launches\n",
+           k0.flops / 1e12, k0.weight_bytes / 1e9, k0.expert_bytes / 1e9, per_token_ex / 1e9, k0.cache_bytes / 1e9, k0.launches);
+    for (int i = 0; i < 2; i++)
+        printf("    a %d-token prompt: %.2f s, %.0f tok/s\n", lens[i], t[i], lens[i] / t[i]);
+}
+
 
 /* Seconds of one step on the machine: its bytes at eff x bandwidth, plus its launches. */
 static double step_seconds(const StepCost *s, const Machine *M, int launches) {
@@ -259,18 +375,20 @@ static void print_spec(const Model *m, const Machine *M, int pos, int json) {
 int plan_main(int argc, char **argv) {
     const char *dir = NULL, *format = "mxfp4", *target = "mi355x";
     int gpus = 1, json = 0, glm52 = 0;
-    double eff = 0.75, launch_us = -1;
+    double eff = 0.75, launch_us = -1, mma_eff = 0.45;
     static const char usage[] =
-        "usage: glm plan (-m DIR | --glm52) [--format mxfp4|fp8|bf16] [--target NAME] [--gpus N] [--eff F] [--launch-us U] [--json]\n"
+        "usage: glm plan (-m DIR | --glm52) [--format mxfp4|fp8|bf16] [--target NAME] [--gpus N] [--eff F] [--mma-eff F] [--launch-us U] [--json]\n"
         "  A projection, not a measurement: a decoded token's bytes and kernel launches on the GPU path\n"
         "  (glm_hip.hip), class by class, and the decode tok/s they imply at context 1024 and 8192 on a\n"
-        "  named GPU; with the MTP layer, the projected speedup of --draft N.\n"
+        "  named GPU; with the MTP layer, the projected speedup of --draft N; and prefill: a chunk's\n"
+        "  arithmetic and bytes, and the seconds of a 2048- and a 20000-token prompt.\n"
         "  -m DIR            a checkpoint: its tensors' own bytes (nothing is read but the headers)\n"
         "  --glm52           GLM-5.2's shapes instead, in a release's formats (--format; default mxfp4 =\n"
         "                    amd/GLM-5.2-MXFP4: routed experts MXFP4, the rest BF16)\n"
         "  --target NAME     mi355x (default), mi300x, h100, h200\n"
         "  --gpus N          devices the layers are split over (a pipeline: memory, not single-stream speed)\n"
         "  --eff F           the fraction of HBM bandwidth the kernels reach (default 0.75: issue 32's target)\n"
+        "  --mma-eff F       the fraction of the dense BF16 matrix-core peak prefill reaches (default 0.45)\n"
         "  --launch-us U     one kernel launch in microseconds (default: the target's)\n"
         "  --json            one JSON object\n"
         "  -h, --help        this text";
@@ -279,7 +397,7 @@ int plan_main(int argc, char **argv) {
         if (!strcmp(f, "-h") || !strcmp(f, "--help")) { puts(usage); return 0; }
         if (!strcmp(f, "--json")) { json = 1; continue; }
         if (!strcmp(f, "--glm52")) { glm52 = 1; continue; }
-        if (strcmp(f, "-m") && strcmp(f, "--format") && strcmp(f, "--target") && strcmp(f, "--gpus") && strcmp(f, "--eff") && strcmp(f, "--launch-us"))
+        if (strcmp(f, "-m") && strcmp(f, "--format") && strcmp(f, "--target") && strcmp(f, "--gpus") && strcmp(f, "--eff") && strcmp(f, "--mma-eff") && strcmp(f, "--launch-us"))
             glm_fatal("plan: unknown flag '%s' (see glm plan --help)", f);
         if (i + 1 >= argc) glm_fatal("%s: missing value", f);
         const char *v = argv[++i];
@@ -291,13 +409,14 @@ int plan_main(int argc, char **argv) {
         } else if (!strcmp(f, "--target")) target = v;
         else if (!strcmp(f, "--gpus")) { long x = strtol(v, &end, 10); if (!*v || *end || x < 1 || x > 64) glm_fatal("--gpus %s: expected 1..64", v); gpus = (int)x; }
         else if (!strcmp(f, "--eff")) { eff = strtod(v, &end); if (!*v || *end || !(eff > 0 && eff <= 1)) glm_fatal("--eff %s: expected a fraction in (0, 1]", v); }
+        else if (!strcmp(f, "--mma-eff")) { mma_eff = strtod(v, &end); if (!*v || *end || !(mma_eff > 0 && mma_eff <= 1)) glm_fatal("--mma-eff %s: expected a fraction in (0, 1]", v); }
         else { launch_us = strtod(v, &end); if (!*v || *end || !(launch_us >= 0 && launch_us < 1e6)) glm_fatal("--launch-us %s: expected microseconds >= 0", v); }
     }
     if (!dir == !glm52) glm_fatal("plan: give a checkpoint (-m DIR) or --glm52 (see glm plan --help)");
     const Target *t = NULL;
     for (size_t i = 0; i < sizeof TARGETS / sizeof *TARGETS; i++) if (!strcmp(target, TARGETS[i].name)) t = &TARGETS[i];
     if (!t) glm_fatal("--target %s: expected mi355x, mi300x, h100 or h200", target);
-    Machine M = {t, gpus, eff, launch_us >= 0 ? launch_us : t->launch_us};
+    Machine M = {t, gpus, eff, launch_us >= 0 ? launch_us : t->launch_us, mma_eff};
     Model m;
     if (glm52) glm52_model(&m, format);
     else model_load(&m, dir);
@@ -326,6 +445,7 @@ int plan_main(int argc, char **argv) {
     }
     if (m.mtp) print_spec(&m, &M, 1024, json);
     else if (!json) printf("  --draft N: no MTP layer in this checkpoint\n");
+    print_prefill(&m, &M, json);
     if (json) printf("}\n");
     if (glm52) glm52_free(&m);
     else model_free(&m);

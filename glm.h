@@ -431,6 +431,36 @@ void gpu_mtp_forward_keep(GpuModel *g, int mtp_pos, const float *hidden, const i
 void gpu_mtp_draft_shared(GpuModel *g, int mtp_pos, const float *h, int next, float *logits, float *out_hidden,
                           const int *sel, int n_sel);
 int gpu_sample(GpuModel *g, float temperature, float top_p, float u);
+/* Whether the GPU runs a decode step's MLP of layer L in two launches (glm_hip.hip's
+ * k_mlp_gate_up / k_mlp_down): its matrices in one of the format pairs those kernels are
+ * built for (routed experts, shared expert or dense MLP: BF16/BF16, FP8/FP8, MXFP4/MXFP4,
+ * FP8/BF16, MXFP4/BF16), rows in whole 16-byte chunks, at most one shared expert. *ef and
+ * *sf (if not NULL) get the two formats. glm plan counts launches with it. */
+static inline int gpu_mat_chunks_ok(const Mat *W) {
+    return (W->fmt == WF_BF16 && W->cols % 8 == 0) || (W->fmt == WF_FP8 && W->cols % 16 == 0) || W->fmt == WF_MXFP4;
+}
+static inline int gpu_mlp_fused(const Config *c, const Layer *L, int *ef, int *sf) {
+    int e, s;
+    const Mat *m3[3] = {L->dense ? &L->gate : &L->sh_gate, L->dense ? &L->up : &L->sh_up, L->dense ? &L->down : &L->sh_down};
+    if (L->dense || c->n_shared == 1) {
+        s = m3[0]->fmt;
+        for (int i = 0; i < 3; i++) if ((int)m3[i]->fmt != s || !gpu_mat_chunks_ok(m3[i])) return 0;
+    } else if (c->n_shared == 0) s = -1;
+    else return 0;
+    if (L->dense) e = s;
+    else {
+        e = L->ex_gate[0].fmt;
+        for (int x = 0; x < c->n_experts; x++) {
+            const Mat *ex[3] = {&L->ex_gate[x], &L->ex_up[x], &L->ex_down[x]};
+            for (int i = 0; i < 3; i++) if ((int)ex[i]->fmt != e || !gpu_mat_chunks_ok(ex[i])) return 0;
+        }
+        if (s < 0) s = e;
+    }
+    if (!(e == s || (s == WF_BF16 && (e == WF_FP8 || e == WF_MXFP4)))) return 0;
+    if (ef) *ef = e;
+    if (sf) *sf = s;
+    return 1;
+}
 /* Kernel launches so far (GLM_GPU_LAUNCHES=1: gpu_free prints the count; glm plan's
  * launches per token are checked against it) */
 long gpu_launch_count(void);

@@ -175,6 +175,10 @@ __device__ __forceinline__ float e8m0_f32(uint32_t s) {
     return s ? __uint_as_float(s << 23) : __uint_as_float(0x00400000u);
 }
 
+/* glm.c's silu and sigmoid (the SwiGLU gate, the router's scores) */
+static __device__ __forceinline__ float silu_f(float x) { return x / (1.0f + expf(-x)); }
+static __device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + expf(-x)); }
+
 /* W[r][k] as mat_dequant_row() computes it (same products, so the same bits). */
 __device__ __forceinline__ float mat_elem(const DMat &W, int r, int k) {
     switch (W.fmt) {
@@ -704,17 +708,33 @@ template <int FMT> __device__ __forceinline__ float gf_scale(uint32_t bits) {
 /* y[t][i] (+ the k split's partials) for the block's GF_BLOCK_ROWS rows of W from row r0,
  * over chunks [c0, c1), n <= NT tokens; `part` non-NULL: write this split's partial sums
  * there ([n][nr], this split's slice) instead of y. */
-template <int FMT, int NT>
-__device__ __forceinline__ void gemv_fast_rows(const DMat &W, const float *x, int ldx, float *y, int ldy, int r0, int nr, int n, int c0, int c1) {
-    enum { CE = GfFormat<FMT>::CE, CS = CE + 4 /* padded chunk in shared memory */, PIECE = GF_XS_FLOATS / (NT * CS) };
+/* The shared memory of the fast products, one of each per block whatever the formats a
+ * kernel instantiates: x staged (padded chunks) and the E2M1 table (16 values x 32 banks). */
+__device__ __forceinline__ float *gf_xs() {
     __shared__ __attribute__((aligned(16))) float xs[GF_XS_FLOATS];
-    __shared__ float e2m1_lut[16][32];
-    const float *lut = &e2m1_lut[0][threadIdx.x % 32];
+    return xs;
+}
+__device__ __forceinline__ float *gf_e2m1_lut() {
+    __shared__ float lut[16 * 32];
+    return lut;
+}
+
+/* The row sums out[t][j] (every lane holds them) of rows i0..i0+GF_RPW-1 (clamped into
+ * nr) of W from row r0, over chunks [c0, c1), for n <= NT tokens of x (rows ldx apart).
+ * GLU: the input is SiLU(x) * x2, formed as x is staged (the SwiGLU down projection reads
+ * gate and up outputs and needs no launch of its own). Every thread of the block calls it
+ * (it stages x together). */
+template <int FMT, int NT, bool GLU>
+__device__ __forceinline__ void gemv_fast_sums(const DMat &W, const float *x, const float *x2, int ldx, int r0, int nr, int n, int c0, int c1, int i0,
+                                               float (&out)[NT][GF_RPW]) {
+    enum { CE = GfFormat<FMT>::CE, CS = CE + 4 /* padded chunk in shared memory */, PIECE = GF_XS_FLOATS / (NT * CS) };
+    float *xs = gf_xs();
+    const float *lut = gf_e2m1_lut() + threadIdx.x % 32;
     if (FMT == WF_MXFP4) {
-        for (int i = threadIdx.x; i < 16 * 32; i += blockDim.x) e2m1_lut[i / 32][i % 32] = e2m1_f32(i / 32);
+        float *t = gf_e2m1_lut();
+        for (int i = threadIdx.x; i < 16 * 32; i += blockDim.x) t[i] = e2m1_f32(i / 32);
     }
-    const int lane = threadIdx.x % WAVE, wid = wave_uniform(threadIdx.x / WAVE);
-    const int i0 = blockIdx.x * GF_BLOCK_ROWS + wid * GF_RPW; /* this wave's first row (of nr) */
+    const int lane = threadIdx.x % WAVE;
     const int row_bytes = FMT == WF_BF16 ? W.cols * 2 : FMT == WF_FP8 ? W.cols : W.cols / 2;
     const uint8_t *wrow[GF_RPW];
     size_t rr[GF_RPW];
@@ -728,8 +748,10 @@ __device__ __forceinline__ void gemv_fast_rows(const DMat &W, const float *x, in
         const int pn = c1 - p0 < PIECE ? c1 - p0 : PIECE;
         __syncthreads(); /* the previous piece is read by every wave */
         for (int t = 0; t < n; t++)
-            for (int e = threadIdx.x; e < pn * CE; e += blockDim.x)
-                xs[(t * PIECE + e / CE) * CS + e % CE] = x[(size_t)t * ldx + (size_t)p0 * CE + e];
+            for (int e = threadIdx.x; e < pn * CE; e += blockDim.x) {
+                const size_t at = (size_t)t * ldx + (size_t)p0 * CE + e;
+                xs[(t * PIECE + e / CE) * CS + e % CE] = GLU ? silu_f(x[at]) * x2[at] : x[at];
+            }
         __syncthreads();
         if (i0 >= nr || lane >= pn) continue; /* uniform per wave, after the barrier */
         uint4 q[GF_RPW], qn[GF_RPW];
@@ -763,11 +785,21 @@ __device__ __forceinline__ void gemv_fast_rows(const DMat &W, const float *x, in
             UNROLL for (int j = 0; j < GF_RPW; j++) { q[j] = qn[j]; sb[j] = sbn[j]; }
         }
     }
-    UNROLL for (int t = 0; t < NT; t++) UNROLL for (int j = 0; j < GF_RPW; j++) {
-        const float s = wave_sum(acc[t][j]);
-        if (lane == 0 && t < n && i0 + j < nr) y[(size_t)t * ldy + i0 + j] = s;
-    }
+    UNROLL for (int t = 0; t < NT; t++) UNROLL for (int j = 0; j < GF_RPW; j++) out[t][j] = wave_sum(acc[t][j]);
 }
+
+/* y[t][i] for the block's GF_BLOCK_ROWS rows of W from row r0 (blockIdx.x), over chunks
+ * [c0, c1), n <= NT tokens. */
+template <int FMT, int NT>
+__device__ __forceinline__ void gemv_fast_rows(const DMat &W, const float *x, int ldx, float *y, int ldy, int r0, int nr, int n, int c0, int c1) {
+    const int i0 = blockIdx.x * GF_BLOCK_ROWS + wave_uniform(threadIdx.x / WAVE) * GF_RPW; /* this wave's first row (of nr) */
+    float out[NT][GF_RPW];
+    gemv_fast_sums<FMT, NT, false>(W, x, NULL, ldx, r0, nr, n, c0, c1, i0, out);
+    if (threadIdx.x % WAVE == 0)
+        UNROLL for (int t = 0; t < NT; t++) UNROLL for (int j = 0; j < GF_RPW; j++)
+            if (t < n && i0 + j < nr) y[(size_t)t * ldy + i0 + j] = out[t][j];
+}
+
 
 /* Split k over gridDim.y blocks per row range: split ks writes its sums to its slice of
  * `part` ([z][ks][t][nr]); the last of a row range's splits to finish (a counter per row
@@ -800,19 +832,76 @@ __global__ void __launch_bounds__(BLOCK) k_gemv_fast(DMat W, const float *x, int
     if (threadIdx.x == 0) count[(size_t)z * gridDim.x + blockIdx.x] = 0;
 }
 
+/* The pointers of an expert's matrix come from memory, so the compiler cannot tell they
+ * are global and would use flat loads, which also wait on shared memory; they always are. */
+__device__ __forceinline__ void assume_global(const DMat &W) {
+#if defined(__AMDGCN__) && defined(__HIP_DEVICE_COMPILE__)
+    __builtin_assume(!__builtin_amdgcn_is_shared((const void *)W.w) && !__builtin_amdgcn_is_private((const void *)W.w));
+    __builtin_assume(!__builtin_amdgcn_is_shared((const void *)W.mx_scale) && !__builtin_amdgcn_is_private((const void *)W.mx_scale));
+    __builtin_assume(!__builtin_amdgcn_is_shared((const void *)W.fp8_scale) && !__builtin_amdgcn_is_private((const void *)W.fp8_scale));
+#else
+    (void)W;
+#endif
+}
+
+/* The MLP of a decode step in two launches (glm.c moe(): the shared expert, then the A
+ * chosen experts weighted and added in index order; a dense layer's SwiGLU is the same
+ * with no routed experts and its MLP as the "shared" one).
+ *
+ * Part 1, gate and up of every (token, slot): block row y = ((t * S + s) * 2 + g); slot
+ * s < A is token t's k-th chosen expert (format EF), s = A the shared expert (SF; then
+ * S = A + 1, else S = A); g picks gate (h1) or up (h2). Rows [t * S + s][FI]. */
+template <int EF, int SF>
+__global__ void __launch_bounds__(BLOCK) k_mlp_gate_up(const DMat *gate_t, const DMat *up_t, DMat sh_gate, DMat sh_up, const int *idx, int A, int S,
+                                                       const float *x, int ldx, float *h1, float *h2, int FI) {
+    const int g = blockIdx.y & 1, ts = blockIdx.y >> 1, t = ts / S, s = ts % S;
+    const float *xt = x + (size_t)t * ldx;
+    float *out = (g ? h2 : h1) + (size_t)ts * FI;
+    if (s < A) {
+        const DMat W = (g ? up_t : gate_t)[idx[t * A + s]];
+        assume_global(W);
+        gemv_fast_rows<EF, 1>(W, xt, 0, out, 0, 0, FI, 1, 0, W.cols / GfFormat<EF>::CE);
+    } else {
+        const DMat &W = g ? sh_up : sh_gate;
+        gemv_fast_rows<SF, 1>(W, xt, 0, out, 0, 0, FI, 1, 0, W.cols / GfFormat<SF>::CE);
+    }
+}
+
+/* Part 2, for token t = blockIdx.y and the block's rows of y: the shared expert's down
+ * projection of SiLU(h1) * h2, then each chosen expert's, weighted by w and added in slot
+ * (= expert index) order; the sum is written once, so the combine needs no launch and no
+ * atomics. y [n][H] (the MLP's output, D->out). */
+template <int EF, int SF>
+__global__ void __launch_bounds__(BLOCK) k_mlp_down(const DMat *down_t, DMat sh_down, const int *idx, const float *w, int A, int S, const float *h1,
+                                                    const float *h2, int FI, float *y, int H) {
+    const int t = blockIdx.y, i0 = blockIdx.x * GF_BLOCK_ROWS + wave_uniform(threadIdx.x / WAVE) * GF_RPW;
+    float acc[GF_RPW], o[1][GF_RPW];
+    UNROLL for (int j = 0; j < GF_RPW; j++) acc[j] = 0.0f;
+    if (S > A) { /* the shared expert (unscaled, pitfall 8) */
+        const size_t at = ((size_t)t * S + A) * FI;
+        gemv_fast_sums<SF, 1, true>(sh_down, h1 + at, h2 + at, 0, 0, H, 1, 0, sh_down.cols / GfFormat<SF>::CE, i0, o);
+        UNROLL for (int j = 0; j < GF_RPW; j++) acc[j] = o[0][j];
+    }
+    for (int k = 0; k < A; k++) {
+        const DMat W = down_t[idx[t * A + k]];
+        assume_global(W);
+        const size_t at = ((size_t)t * S + k) * FI;
+        gemv_fast_sums<EF, 1, true>(W, h1 + at, h2 + at, 0, 0, H, 1, 0, W.cols / GfFormat<EF>::CE, i0, o);
+        const float wk = w[t * A + k];
+        UNROLL for (int j = 0; j < GF_RPW; j++) acc[j] += wk * o[0][j];
+    }
+    if (threadIdx.x % WAVE == 0)
+        UNROLL for (int j = 0; j < GF_RPW; j++)
+            if (i0 + j < H) y[(size_t)t * H + i0 + j] = acc[j];
+}
+
 /* The routed experts (decode): block row y is one (token, slot) pair, as k_gemv_experts.
  * Every expert of the layer has format FMT (checked at upload). */
 template <int FMT>
 __global__ void __launch_bounds__(BLOCK) k_gemv_experts_fast(const DMat *table, const int *idx, const float *x, int ldx, int x_div, float *y, int ldy, int nr) {
     const int slot = blockIdx.y;
     DMat W = table[idx[slot]];
-#if defined(__AMDGCN__) && defined(__HIP_DEVICE_COMPILE__)
-    /* the pointers come from memory, so the compiler cannot tell they are global and
-     * would use flat loads, which also wait on shared memory; they always are */
-    __builtin_assume(!__builtin_amdgcn_is_shared((const void *)W.w) && !__builtin_amdgcn_is_private((const void *)W.w));
-    __builtin_assume(!__builtin_amdgcn_is_shared((const void *)W.mx_scale) && !__builtin_amdgcn_is_private((const void *)W.mx_scale));
-    __builtin_assume(!__builtin_amdgcn_is_shared((const void *)W.fp8_scale) && !__builtin_amdgcn_is_private((const void *)W.fp8_scale));
-#endif
+    assume_global(W);
     gemv_fast_rows<FMT, 1>(W, x + (size_t)(slot / x_div) * ldx, 0, y + (size_t)slot * ldy, 0, 0, nr, 1, 0, W.cols / GfFormat<FMT>::CE);
 }
 
@@ -882,8 +971,6 @@ __global__ void __launch_bounds__(BLOCK) k_rope_q_kv_append(float *q, int ld_tok
     kv_append_row(latent, ckv, norm_w, KR, DR, pos0, table);
 }
 
-static __device__ __forceinline__ float silu_f(float x) { return x / (1.0f + expf(-x)); }
-static __device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + expf(-x)); }
 
 /* SwiGLU's middle: h1 = SiLU(h1) ⊙ h2 */
 __global__ void __launch_bounds__(BLOCK) k_silu_mul(float *h1, const float *h2, size_t n) {
@@ -1804,6 +1891,7 @@ struct GLayer {          /* a Layer whose matrices and vectors live on its devic
     DMat q_a, q_b, kv_a, kv_b, o, ix_wq_b, ix_wk, ix_weights, gate, up, down, router, sh_gate, sh_up, sh_down;
     DMat *ex_gate, *ex_up, *ex_down; /* device tables [E] */
     int ex_fmt[3];       /* gate, up, down: the format every expert shares, or -1 (k_gemv_experts_fast) */
+    int mlp_ef, mlp_sf;  /* the decode MLP in two launches (glm.h gpu_mlp_fused): expert and shared/dense formats, or -1 */
     int has_indexer;
     float *latent;       /* [T][KR+DR] this layer's cache */
     float *index_k;      /* [T][ID] (full layers) */
@@ -1922,6 +2010,7 @@ static void up_layer(GpuModel *g, Arena *A, GLayer *G, const Layer *L, int dense
         G->ix_knorm_b = up_vec(g, A, L->ix_knorm_b, c->index_head_dim);
         G->ix_weights = up_mat(g, A, &L->ix_weights);
     }
+    if (!gpu_mlp_fused(c, L, &G->mlp_ef, &G->mlp_sf)) G->mlp_ef = G->mlp_sf = -1;
     if (dense) {
         G->gate = up_mat(g, A, &L->gate);
         G->up = up_mat(g, A, &L->up);
@@ -2018,8 +2107,8 @@ static void take_scratch(GpuModel *g, GDev *D, int last) {
     D->ex_w = (float *)arena_take(A, B * c->n_active * F);
     D->h1 = (float *)arena_take(A, B * ffn * F);
     D->h2 = (float *)arena_take(A, B * ffn * F);
-    D->eh1 = (float *)arena_take(A, B * c->n_active * c->moe_inter * F);
-    D->eh2 = (float *)arena_take(A, B * c->n_active * c->moe_inter * F);
+    D->eh1 = (float *)arena_take(A, B * (c->n_active + 1) * c->moe_inter * F); /* + the shared expert's row (k_mlp_gate_up) */
+    D->eh2 = (float *)arena_take(A, B * (c->n_active + 1) * c->moe_inter * F);
     D->ex_y = (float *)arena_take(A, B * c->n_active * c->hidden * F);
     D->grp_end = (int *)arena_take(A, (size_t)c->n_experts * sizeof(int));
     D->grp_slot = (int *)arena_take(A, B * c->n_active * sizeof(int));
@@ -2454,6 +2543,24 @@ static void attention(GpuModel *g, GDev *D, const GLayer *L, int n, int pos0) {
     matmul(D->out, D->o_heads, L->o, n);
 }
 
+/* A decode step's MLP in two launches (k_mlp_gate_up, k_mlp_down) for n tokens: A routed
+ * experts per token from the tables (idx, w: k_moe_route's) and S - A (0 or 1) shared /
+ * dense MLP (sg, su, sd) of FI rows; y [n][H]. ef, sf: the formats (glm.h gpu_mlp_fused). */
+static void mlp_two_launches(int ef, int sf, const DMat *gate_t, const DMat *up_t, const DMat *down_t, const DMat &sg, const DMat &su, const DMat &sd,
+                             const int *idx, const float *w, int A, int S, const float *x, int ldx, float *h1, float *h2, int FI, float *y, int H, int n) {
+    void (*ku)(const DMat *, const DMat *, DMat, DMat, const int *, int, int, const float *, int, float *, float *, int) = NULL;
+    void (*kd)(const DMat *, DMat, const int *, const float *, int, int, const float *, const float *, int, float *, int) = NULL;
+#define MLP_FORMATS(E, F) if (ef == E && sf == F) { ku = k_mlp_gate_up<E, F>; kd = k_mlp_down<E, F>; }
+    MLP_FORMATS(WF_BF16, WF_BF16) MLP_FORMATS(WF_FP8, WF_FP8) MLP_FORMATS(WF_MXFP4, WF_MXFP4) MLP_FORMATS(WF_FP8, WF_BF16) MLP_FORMATS(WF_MXFP4, WF_BF16)
+#undef MLP_FORMATS
+    if (!ku) glm_fatal("GPU: no fused MLP for formats %d/%d", ef, sf);
+    LAUNCHED(ku, dim3((FI + GF_BLOCK_ROWS - 1) / GF_BLOCK_ROWS, n * S * 2), dim3(BLOCK), 0, 0, gate_t, up_t, sg, su, idx, A, S, x, ldx, h1, h2, FI);
+    LAUNCHED(kd, dim3((H + GF_BLOCK_ROWS - 1) / GF_BLOCK_ROWS, n), dim3(BLOCK), 0, 0, down_t, sd, idx, w, A, S, (const float *)h1, (const float *)h2, FI, y, H);
+}
+
+/* The two-launch MLP applies to this layer and step (decode, fast kernels). */
+static bool mlp_fused_now(const GLayer *L, int n) { return !g_plain_kernels && n <= GEMV_MAXN && L->mlp_ef >= 0; }
+
 static void swiglu(GDev *D, float *y, const float *x, const DMat &gate, const DMat &up, const DMat &down, int n) {
     matmul(D->h1, x, gate, n);
     matmul(D->h2, x, up, n);
@@ -2480,6 +2587,11 @@ static void moe(GpuModel *g, GDev *D, const GLayer *L, const float *x, float *y,
     matmul(D->router, x, L->router, n);
     LAUNCHED(k_moe_route, dim3(n), dim3(BLOCK), 0, 0, (const float *)D->router, (const float *)L->router_bias, D->route_scr, D->ex_idx, D->ex_w, c->n_experts, A,
            c->n_group, c->topk_group, c->norm_topk_prob, c->routed_scale);
+    if (mlp_fused_now(L, n)) {
+        mlp_two_launches(L->mlp_ef, L->mlp_sf, L->ex_gate, L->ex_up, L->ex_down, L->sh_gate, L->sh_up, L->sh_down, D->ex_idx, D->ex_w, A,
+                         A + (c->n_shared ? 1 : 0), x, H, D->eh1, D->eh2, FI, y, H, n);
+        return;
+    }
     if (c->n_shared) swiglu(D, y, x, L->sh_gate, L->sh_up, L->sh_down, n); /* unscaled (pitfall 8) */
     else CHECK(hipMemsetAsync(y, 0, (size_t)n * H * sizeof(float), 0));
     const unsigned slots = (unsigned)(n * A);
@@ -2539,7 +2651,9 @@ static void layer_forward(GpuModel *g, GDev *D, const GLayer *L, int dense, int 
     attention(g, D, L, B, pos0);
     /* the residual add and the MLP's norm in one launch */
     LAUNCHED(k_add_rmsnorm, dim3(B), dim3(BLOCK), 0, 0, D->x, (const float *)D->out, D->a, (const float *)L->post_norm, H, c->rms_eps);
-    if (dense) swiglu(D, D->out, D->a, L->gate, L->up, L->down, B);
+    if (dense && mlp_fused_now(L, B))
+        mlp_two_launches(L->mlp_ef, L->mlp_sf, NULL, NULL, NULL, L->gate, L->up, L->down, NULL, NULL, 0, 1, D->a, H, D->h1, D->h2, c->dense_inter, D->out, H, B);
+    else if (dense) swiglu(D, D->out, D->a, L->gate, L->up, L->down, B);
     else moe(g, D, L, D->a, D->out, B);
 }
 

@@ -56,13 +56,16 @@ static double mat(const Mat *W) { return (double)W->bytes; }
  * MLP's RMSNorm (the MLP's add goes to the next layer); attention: q_a, its norm, q_b,
  * kv_a, RoPE fused with the cache append, the absorb, the attention, its combine once a token selects more keys than
  * one slice holds (MLA_KEYS), the un-absorb, o_proj; a full layer's indexer: wq_b, wk,
- * weights, RoPE, the key, the scores once the context passes index_topk, top-k; dense:
- * gate, up, SiLU, down; MoE: the router, routing, the shared expert's 4, gate, up, SiLU
- * and down of the routed experts, the combine). Kept in step with the code by the
+ * weights, RoPE, the key, the scores once the context passes index_topk, top-k; the MLP,
+ * where its formats allow (glm.h gpu_mlp_fused): gate and up of every expert (the shared
+ * one too) in one launch, the down projections with the SiLU and the weighted combine in
+ * the next, after the router and the routing (a dense layer: the two alone); otherwise
+ * dense: gate, up, SiLU, down; MoE: the router, routing, the shared expert's 4, gate, up,
+ * SiLU and down of the routed experts, the combine). Kept in step with the code by the
  * emulation's test. */
 #define MLA_KEYS 64 /* glm_hip.hip: keys per tile of k_mla_attend_split, the shortest slice */
 
-static void plan_launches(const Config *c, int full, int dense, int pos, int *out) {
+static void plan_launches(const Config *c, const Layer *L, int full, int dense, int pos, int *out) {
     const int n_sel = pos + 1 < c->index_topk ? pos + 1 : c->index_topk;
     out[K_SMALL] += 2;                      /* (add +) rmsnorm, add + rmsnorm */
     out[K_ATTN_PROJ] += 5;                  /* q_a, q_b, kv_a, un-absorb (kv_b), o */
@@ -74,7 +77,10 @@ static void plan_launches(const Config *c, int full, int dense, int pos, int *ou
         out[K_INDEXER] += 3 + (pos + 1 > c->index_topk); /* wq_b, wk, weights, scores */
         out[K_SMALL] += 3;                  /* rope, key, top-k */
     }
-    if (dense) { out[K_DENSE] += 3; out[K_SMALL] += 1; }
+    if (gpu_mlp_fused(c, L, NULL, NULL)) { /* k_mlp_gate_up, k_mlp_down (a MoE layer: + router, routing) */
+        if (dense) out[K_DENSE] += 2;
+        else { out[K_MOE_SHARED] += 1; out[K_SMALL] += 1; out[K_EXPERTS] += 2; }
+    } else if (dense) { out[K_DENSE] += 3; out[K_SMALL] += 1; }
     else {
         out[K_MOE_SHARED] += 1 + (c->n_shared ? 3 : 0); /* router, shared gate/up/down */
         out[K_SMALL] += 1 + (c->n_shared ? 1 : 0) + 2;  /* routing, shared SiLU, expert SiLU, combine */
@@ -109,7 +115,7 @@ static StepCost step_cost(const Model *m, int pos, int n_tok) {
             s.bytes[K_MOE_SHARED] += mat(&L->router) + mat(&L->sh_gate) + mat(&L->sh_up) + mat(&L->sh_down);
             s.bytes[K_EXPERTS] += distinct * ex / c->n_experts;
         }
-        plan_launches(c, L->has_indexer, L->dense, pos + n_tok - 1, s.launches);
+        plan_launches(c, L, L->has_indexer, L->dense, pos + n_tok - 1, s.launches);
     }
     return s;
 }
@@ -127,7 +133,7 @@ static StepCost draft_cost(const Model *m) {
     s.bytes[K_EXPERTS] = c->n_active * ex / c->n_experts + mat(&L->router) + mat(&L->sh_gate) + mat(&L->sh_up) + mat(&L->sh_down);
     s.bytes[K_EMBED_HEAD] = mat(&m->lm_head) + mat(&m->embed) / m->embed.rows;
     s.launches[K_SMALL] = 6;                /* embed, two norms, eh_proj, the residual add, head norm */
-    plan_launches(c, 1, 0, 0, s.launches);
+    plan_launches(c, L, 1, 0, 0, s.launches);
     s.launches[K_EMBED_HEAD] = 1;
     return s;
 }
@@ -198,8 +204,8 @@ static ChunkCost chunk_cost(const Model *m, int pos0, int n) {
             k.flops += 2.0 * n * (elems(&L->router) + elems(&L->sh_gate) + elems(&L->sh_up) + elems(&L->sh_down) + A * exe / E);
         }
         int lc[K_N] = {0};
-        plan_launches(c, L->has_indexer, L->dense, pos0 + n - 1, lc);
-        k.launches += total_i(lc, K_N) + (L->dense ? 0 : 1); /* + k_moe_group */
+        plan_launches(c, L, L->has_indexer, L->dense, pos0 + n - 1, lc);
+        k.launches += total_i(lc, K_N) + (L->dense ? 0 : 1); /* + k_moe_group (a decode step's count otherwise: close enough) */
     }
     k.weight_bytes += n * mat(&m->embed) / m->embed.rows + mat(&m->lm_head);
     k.flops += 2.0 * elems(&m->lm_head);

@@ -877,18 +877,16 @@ __global__ void __launch_bounds__(BLOCK) k_mlp_down(const DMat *down_t, DMat sh_
     const int t = blockIdx.y, i0 = blockIdx.x * GF_BLOCK_ROWS + wave_uniform(threadIdx.x / WAVE) * GF_RPW;
     float acc[GF_RPW], o[1][GF_RPW];
     UNROLL for (int j = 0; j < GF_RPW; j++) acc[j] = 0.0f;
-    if (S > A) { /* the shared expert (unscaled, pitfall 8) */
-        const size_t at = ((size_t)t * S + A) * FI;
-        gemv_fast_sums<SF, 1, true>(sh_down, h1 + at, h2 + at, 0, 0, H, 1, 0, sh_down.cols / GfFormat<SF>::CE, i0, o);
-        UNROLL for (int j = 0; j < GF_RPW; j++) acc[j] = o[0][j];
-    }
-    for (int k = 0; k < A; k++) {
-        const DMat W = down_t[idx[t * A + k]];
-        assume_global(W);
-        const size_t at = ((size_t)t * S + k) * FI;
-        gemv_fast_sums<EF, 1, true>(W, h1 + at, h2 + at, 0, 0, H, 1, 0, W.cols / GfFormat<EF>::CE, i0, o);
-        const float wk = w[t * A + k];
-        UNROLL for (int j = 0; j < GF_RPW; j++) acc[j] += wk * o[0][j];
+    /* slot -1: the shared expert (unscaled, pitfall 8), first, as glm.c adds it; then the
+     * chosen ones. One call site per format keeps one copy of the product's loop. */
+    for (int k = S > A ? -1 : 0; k < A; k++) {
+        const DMat W = k < 0 ? sh_down : down_t[idx[t * A + k]];
+        if (k >= 0) assume_global(W);
+        const size_t at = ((size_t)t * S + (k < 0 ? A : k)) * FI;
+        if (EF == SF || k >= 0) gemv_fast_sums<EF, 1, true>(W, h1 + at, h2 + at, 0, 0, H, 1, 0, W.cols / GfFormat<EF>::CE, i0, o);
+        else gemv_fast_sums<SF, 1, true>(W, h1 + at, h2 + at, 0, 0, H, 1, 0, W.cols / GfFormat<SF>::CE, i0, o);
+        const float wk = k < 0 ? 1.0f : w[t * A + k];
+        UNROLL for (int j = 0; j < GF_RPW; j++) acc[j] = k < 0 ? o[0][j] : acc[j] + wk * o[0][j];
     }
     if (threadIdx.x % WAVE == 0)
         UNROLL for (int j = 0; j < GF_RPW; j++)
@@ -1240,7 +1238,7 @@ __device__ __forceinline__ void mat_elems8(const DMat &W, int r, int k0, float *
 }
 
 #define ABS_COLS 64      /* q_abs columns per block of k_q_absorb_wide */
-#define ABS_NT 8         /* tokens (of a chunk) that share one pass over the block's W_UK rows */
+#define ABS_NT 4         /* tokens (of a chunk) that share one pass over the block's W_UK rows (8: SGPR spills) */
 
 /* The same q_abs as k_q_absorb, as a wide GEMV. Grid (head h, chunk of ABS_COLS
  * columns): NH x KR/64 blocks (512 for GLM-5.2) instead of NH x 2, so the rows of W_UK

@@ -865,7 +865,7 @@ int sample(Sampler *sp, float *logits, int V) {
     }
     float r = random_f32(sp) * sum, cdf = 0.0f;
     for (int i = 0; i < n; i++) { cdf += logits[sp->order[i]]; if (r < cdf) return sp->order[i]; }
-    return sp->order[n - 1];
+    return n > 0 ? sp->order[n - 1] : V - 1; /* NaN probabilities leave no candidate: the last id, as the GPU's sampler */
 }
 
 /* The distribution sample() draws from, as a whole vector: the same temperature,

@@ -783,8 +783,8 @@ __global__ void __launch_bounds__(BLOCK) k_gemv_experts_fast(const DMat *table, 
  * Both instructions multiply bf16 and add in fp32, so
  *   - the activations go in as bf16 (x rounded to nearest even), as every production
  *     engine runs prefill and as glm.c's bf16 path (GLM_PRECISION=bf16) does: the result
- *     differs from the fp32 product by the rounding of x, ~2e-3 relative (L2), not by the
- *     order of the sums only;
+ *     differs from the fp32 product by the rounding of x, 1e-3 to 6e-3 relative (L2), not
+ *     by the order of the sums only (tests/gpu/kernel_test.c, test_gemm_mma);
  *   - the weights are decoded once per tile into bf16 in shared memory: BF16 as it is,
  *     MXFP4 exactly (an E2M1 value times a power of two has two significant bits), FP8
  *     and F32 rounded to nearest even (FP8 times its fp32 block scale, the product
@@ -1064,27 +1064,27 @@ __device__ __forceinline__ void mma_store(const MmaLoads &L, int fmt, uint16_t *
  * memory). A grouped-expert kernel calls it with one expert's W and x_rows = the tokens
  * routed to that expert. */
 template <bool SKINNY>
-__device__ void mma_tile(const DMat &W, const float *x, int ldx, const int *x_rows, float *y, int ldy, int r0, int nr, int n, int row0, int tok0) {
+__device__ __forceinline__ void mma_tile(const DMat &W, const float *x, int ldx, const int *x_rows, float *y, int ldy, int r0, int nr, int n, int row0, int tok0) {
     typedef MmaCfg<SKINNY> C;
     __shared__ __attribute__((aligned(16))) uint16_t smem[C::SMEM / 2];
     const int wid = threadIdx.x / WAVE, wk = wid % C::WGK, wm = wid / C::WGK % C::WGM, wn = wid / C::WGK / C::WGM;
     const int cols = W.cols, nk = (cols + C::BK - 1) / C::BK;
     const bool xvec = ((ldx | cols) & 3) == 0 && ((uintptr_t)x & 15) == 0;
-    uint16_t *const buf[2] = {smem, smem + (C::BM + C::BN) * C::LD};
     MmaC acc[C::FN];
     UNROLL for (int f = 0; f < C::FN; f++) UNROLL for (int v = 0; v < MMA_CN; v++) acc[f][v] = 0.0f;
     MmaLoads L;
     mma_load<SKINNY>(L, W, x, ldx, x_rows, r0, nr, n, row0, tok0, 0, xvec);
-    mma_store<SKINNY>(L, W.fmt, buf[0], buf[0] + C::BM * C::LD);
+    mma_store<SKINNY>(L, W.fmt, smem, smem + C::BM * C::LD); /* buffer b at smem + b * (BM + BN) * LD */
     __syncthreads();
     for (int kt = 0; kt < nk; kt++) {
-        const uint16_t *ws = buf[kt & 1], *xs = ws + C::BM * C::LD;
+        const uint16_t *ws = smem + (kt & 1) * (C::BM + C::BN) * C::LD, *xs = ws + C::BM * C::LD;
         if (kt + 1 < nk) mma_load<SKINNY>(L, W, x, ldx, x_rows, r0, nr, n, row0, tok0, (kt + 1) * C::BK, xvec); /* in flight during the steps */
         UNROLL for (int s = 0; s < C::KSTEPS; s++) {
             const int k = (wk * C::KSTEPS + s) * MMA_K;
             UNROLL for (int f = 0; f < C::FN; f++) mma_step(acc[f], ws + wm * C::WTM * C::LD, xs + (wn * C::WTN + f * MMA_N) * C::LD, C::LD, k);
         }
-        if (kt + 1 < nk) mma_store<SKINNY>(L, W.fmt, buf[(kt + 1) & 1], buf[(kt + 1) & 1] + C::BM * C::LD);
+        uint16_t *next = smem + ((kt + 1) & 1) * (C::BM + C::BN) * C::LD;
+        if (kt + 1 < nk) mma_store<SKINNY>(L, W.fmt, next, next + C::BM * C::LD);
         __syncthreads(); /* the other buffer is complete, and nobody reads this one any more */
     }
     /* each wave's results into shared memory (the staging buffers are free now), then

@@ -904,6 +904,385 @@ __global__ void __launch_bounds__(BLOCK) k_gemv_experts_fast(const DMat *table, 
 }
 
 /* ======================================================================== */
+/* 3c. the prefill product on matrix cores                                   */
+/*
+ * A prompt chunk reuses every weight for many tokens, so its products are bound by
+ * arithmetic rather than by memory, and the arithmetic belongs on the matrix units:
+ *   AMD gfx90a, gfx942, gfx950   v_mfma_f32_32x32x8_bf16 (builtin ..._32x32x8bf16_1k): one
+ *                                wave of 64 adds a 32x8 by 8x32 bf16 product to a 32x32
+ *                                fp32 tile;
+ *   NVIDIA sm_80 and later       mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32: one
+ *                                warp of 32 adds a 16x16 by 16x8 product to a 16x8 tile;
+ *   anything else                the same tiles with FMAs (mma_step's fallback), e.g.
+ *                                RDNA, gfx908, CUDA before sm_80.
+ * Both instructions multiply bf16 and add in fp32, so
+ *   - the activations go in as bf16 (x rounded to nearest even), as every production
+ *     engine runs prefill and as glm.c's bf16 path (GLM_PRECISION=bf16) does: the result
+ *     differs from the fp32 product by the rounding of x, 1e-3 to 6e-3 relative (L2), not
+ *     by the order of the sums only (tests/gpu/kernel_test.c, test_gemm_mma);
+ *   - the weights are decoded once per tile into bf16 in shared memory: BF16 as it is,
+ *     MXFP4 exactly (an E2M1 value times a power of two has two significant bits), FP8
+ *     and F32 rounded to nearest even (FP8 times its fp32 block scale, the product
+ *     mat_elem computes, as glm.c's bf16 path rounds it). F32 weights take this path too.
+ * k_gemm (section 3) is the reference and runs instead with GLM_GPU_KERNELS=plain.
+ *
+ * A block of 256 threads computes a BM x BN tile of y (BM rows of W by BN tokens), with
+ * k in steps of BK. Two shapes, both 2048 weights and 2048 activations per step, so
+ * every thread loads two 16-byte chunks of each whatever the shape:
+ *   square  (n > 32)   BM 64, BN 64, BK 32: the waves split the tile (2x2 waves of 32x32
+ *                      on AMD, 4x2 warps of 16x32 on NVIDIA);
+ *   skinny  (n <= 32)  BM 32, BN 32, BK 64: the waves split k instead (AMD: 4 waves each
+ *                      a quarter of every step; NVIDIA: 2x2 warps of 16x16 and k in 2),
+ *                      and add their partial tiles in a fixed order at the end: half the
+ *                      rows per block, so a tall matrix with few tokens (an expert's share
+ *                      of a chunk, a short prompt) spreads over twice the blocks.
+ * The weights of step k+1 are loaded from global memory into registers before step k's
+ * instructions run from shared memory, and written to the other of two shared buffers
+ * after them: one barrier per step, the loads' latency hidden behind the arithmetic.
+ * Rows past nr, tokens past n and columns past cols are zeros in the tiles (a zero adds
+ * nothing), and the results outside the matrix are never stored.
+ */
+
+/* The instruction's shape follows the wave width: wave 64 is AMD's 32x32x8 MFMA, wave
+ * 32 NVIDIA's m16n8k16 (the CPU emulation runs the same pairing, so CI exercises both
+ * operand layouts). MMA_M rows of W by MMA_N tokens by MMA_K of depth. */
+#if WAVE == 64
+#define MMA_M 32
+#define MMA_N 32
+#define MMA_K 8
+#else
+#define MMA_M 16
+#define MMA_N 8
+#define MMA_K 16
+#endif
+#define MMA_CN (MMA_M * MMA_N / WAVE) /* fp32 results per lane: 16 (AMD) or 4 (NVIDIA) */
+#define MMA_PAD 8                     /* bf16 after each row of a shared tile: rows start on different banks */
+
+#if defined(GLM_EMU)
+#if WAVE == 64
+#define MMA_MFMA 1 /* tests/hip_emu.h implements the builtin from AMD's layout */
+#else
+#define MMA_SYNC 1 /* ... and mma.sync from PTX's */
+#endif
+#elif defined(__CUDACC__)
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#define MMA_SYNC 1
+#endif
+#elif defined(__gfx90a__) || defined(__gfx942__) || defined(__gfx950__)
+#define MMA_MFMA 1
+#endif
+
+/* The accumulator tile of one instruction, MMA_CN floats per lane: the MFMA's own
+ * register vector on AMD, an array elsewhere. */
+#if defined(MMA_MFMA) && defined(GLM_EMU)
+typedef emu_s16x4 mma_ab;
+typedef emu_f32x16 MmaC;
+#elif defined(MMA_MFMA)
+typedef short mma_ab __attribute__((ext_vector_type(4)));
+typedef float MmaC __attribute__((ext_vector_type(16)));
+#else
+struct MmaC {
+    float v[MMA_CN];
+    __device__ __forceinline__ float &operator[](int i) { return v[i]; }
+};
+#endif
+
+/* fp32 -> bf16, round to nearest even; NaN stays a (quiet) NaN. */
+__device__ __forceinline__ uint32_t f32_bf16_rne(float f) {
+    const uint32_t u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (u >> 16) | 0x40u;
+    return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+}
+__device__ __forceinline__ uint32_t bf16_pair(float lo, float hi) { return f32_bf16_rne(lo) | (f32_bf16_rne(hi) << 16); }
+__device__ __forceinline__ uint4 mma_u4(uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
+    uint4 q;
+    q.x = a; q.y = b; q.z = c; q.w = d;
+    return q;
+}
+
+/* Where result v of this lane sits in the instruction's MMA_M x MMA_N tile (row of W,
+ * token). Sources, for the result and the operand layouts below:
+ *   AMD: "AMD Instinct MI300 ISA Reference Guide" (CDNA3), section 7 "Matrix Arithmetic
+ *   Instructions", and AMD's Matrix Instruction Calculator (amd_matrix_instruction_calculator,
+ *   --instruction v_mfma_f32_32x32x8_bf16 --detail-instruction --register-layout): D[i][j]
+ *   is in lane j + 32 * ((i / 4) % 2), register 4 * (i / 8) + i % 4. The same map appears in
+ *   llama.cpp's ggml-cuda/mma.cuh (tile<32, 32> get_i / get_j on AMD_MFMA).
+ *   NVIDIA: PTX ISA, "Matrix Fragments for mma.m16n8k16 with floating point type"
+ *   (groupID = lane / 4, threadID_in_group = lane % 4): c0, c1 at row groupID, columns
+ *   2 * threadID_in_group + 0, 1; c2, c3 the same at row groupID + 8. */
+__device__ __forceinline__ void mma_c_coord(int v, int lane, int &row, int &tok) {
+#if WAVE == 64
+    row = 8 * (v / 4) + 4 * (lane / 32) + v % 4;
+    tok = lane % 32;
+#else
+    row = lane / 4 + 8 * (v / 2);
+    tok = 2 * (lane % 4) + v % 2;
+#endif
+}
+
+#if defined(MMA_SYNC) && !defined(GLM_EMU)
+/* d = a · b + d for one warp; a: 4 words of bf16 pairs, b: 2 (layouts in mma_step). */
+__device__ __forceinline__ void mma_sync_bf16_16x8x16(MmaC &d, const uint32_t a[4], const uint32_t b[2]) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+                 : "+f"(d.v[0]), "+f"(d.v[1]), "+f"(d.v[2]), "+f"(d.v[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+#elif defined(MMA_SYNC)
+__device__ __forceinline__ void mma_sync_bf16_16x8x16(MmaC &d, const uint32_t a[4], const uint32_t b[2]) { emu_mma_m16n8k16_bf16(d.v, a, b); }
+#endif
+
+/* c += A · B for one instruction tile, its operands in shared memory as bf16 rows of
+ * depth: a = the first of MMA_M rows of W (A[i][k] = a[i * ld + k0 + k]), b = the first of
+ * MMA_N tokens (B[k][j] = b[j * ld + k0 + k]), ld bf16 apart. Each lane reads exactly the
+ * operand registers the instruction wants from it:
+ *   AMD 32x32x8: A[i][k] in lane i + 32 * (k / 4), element k % 4 of its 4 bf16; B[k][j] in
+ *     lane j + 32 * (k / 4), element k % 4 (ISA guide and calculator above; mma.cuh's
+ *     tile<32, 4> on AMD): 8 consecutive bytes of a row for every lane.
+ *   NVIDIA m16n8k16 (PTX ISA, "Matrix Fragments for mma.m16n8k16"; row-major A, column-major
+ *     B): a0 = A[g][2t, 2t+1], a1 = A[g+8][2t, 2t+1], a2 = A[g][2t+8, 2t+9],
+ *     a3 = A[g+8][2t+8, 2t+9]; b0 = B[2t, 2t+1][g], b1 = B[2t+8, 2t+9][g], g = lane / 4,
+ *     t = lane % 4, the lower k in the lower half: one 32-bit word of a row each.
+ * Without matrix units each lane computes its own results (mma_c_coord) with FMAs. */
+__device__ __forceinline__ void mma_step(MmaC &c, const uint16_t *a, const uint16_t *b, int ld, int k0) {
+    const int lane = threadIdx.x % WAVE;
+#if defined(MMA_MFMA)
+    const mma_ab av = *(const mma_ab *)(a + (lane % 32) * ld + k0 + 4 * (lane / 32));
+    const mma_ab bv = *(const mma_ab *)(b + (lane % 32) * ld + k0 + 4 * (lane / 32));
+    c = __builtin_amdgcn_mfma_f32_32x32x8bf16_1k(av, bv, c, 0, 0, 0);
+#elif defined(MMA_SYNC)
+    const int g = lane / 4, t = lane % 4;
+    const uint32_t *a0 = (const uint32_t *)(a + g * ld + k0), *a8 = (const uint32_t *)(a + (g + 8) * ld + k0);
+    const uint32_t *bg = (const uint32_t *)(b + g * ld + k0);
+    const uint32_t av[4] = {a0[t], a8[t], a0[t + 4], a8[t + 4]}, bv[2] = {bg[t], bg[t + 4]};
+    mma_sync_bf16_16x8x16(c, av, bv);
+#else
+    UNROLL for (int v = 0; v < MMA_CN; v++) {
+        int row, tok;
+        mma_c_coord(v, lane, row, tok);
+        float s = c[v];
+        for (int k = 0; k < MMA_K; k++) s += bf16_f32(a[row * ld + k0 + k]) * bf16_f32(b[tok * ld + k0 + k]);
+        c[v] = s;
+    }
+#endif
+}
+
+/* The two tile shapes (see the top of this section). WTM x WTN: one wave's part of the
+ * tile, FN instructions side by side along the tokens; WGM x WGN x WGK waves along rows,
+ * tokens and k; each wave runs KSTEPS instruction steps per BK. */
+template <bool SKINNY> struct MmaCfg {
+    enum {
+        BM = SKINNY ? 32 : 64, BN = SKINNY ? 32 : 64, BK = SKINNY ? 64 : 32,
+        WTM = MMA_M, WTN = WAVE == 64 ? 32 : (SKINNY ? 16 : 32),
+        WGM = BM / WTM, WGN = BN / WTN, WGK = (BLOCK / WAVE) / (WGM * WGN),
+        FN = WTN / MMA_N, KSTEPS = BK / MMA_K / WGK,
+        LD = BK + MMA_PAD,                   /* bf16 per row of a shared tile */
+        STAGE = 2 * (BM + BN) * LD * 2,      /* bytes: two buffers of W and x tiles */
+        CLD = BM + 1,                        /* floats per token row of the result tile */
+        RESULT = WGK * BN * CLD * 4,         /* bytes: one result tile per k slice */
+        SMEM = STAGE > RESULT ? STAGE : RESULT,
+    };
+    static_assert(WGM * WGN * WGK * WAVE == BLOCK && KSTEPS * WGK * MMA_K == BK, "tile shape");
+};
+
+/* The 16-byte chunks of a BM x BK weight tile and a BN x BK activation tile one thread
+ * carries from global memory to shared memory: chunk j of this thread is number
+ * threadIdx.x + j * BLOCK. */
+struct MmaLoads {
+    uint4 w[2];
+    float ws[2]; /* the chunk's block scale (FP8, MXFP4) */
+    float4 x[2];
+};
+
+/* Values per 16-byte chunk of a row of W. */
+__device__ __forceinline__ int mma_chunk_elems(int fmt) { return fmt == WF_F32 ? 4 : fmt == WF_BF16 ? 8 : fmt == WF_FP8 ? 16 : 32; }
+
+/* Step k0's chunks into registers. A chunk is loaded whole where the row is a multiple of
+ * 16 bytes (cols a multiple of the chunk's values; MXFP4 always is), else byte by byte with
+ * zeros past the last column. */
+template <bool SKINNY>
+__device__ __forceinline__ void mma_load(MmaLoads &L, const DMat &W, const float *x, int ldx, const int *x_rows, int r0, int nr, int n, int row0, int tok0,
+                                         int k0, bool xvec) {
+    typedef MmaCfg<SKINNY> C;
+    const int cols = W.cols, ce = mma_chunk_elems(W.fmt), cpr = C::BK / ce;
+    const int ebytes = W.fmt == WF_F32 ? 4 : W.fmt == WF_BF16 ? 2 : 1; /* MXFP4: half a byte, handled below */
+    UNROLL for (int j = 0; j < 2; j++) {
+        const int c = threadIdx.x + j * BLOCK, r = c / cpr, k = k0 + (c % cpr) * ce;
+        uint4 q = mma_u4(0u, 0u, 0u, 0u);
+        float s = 1.0f;
+        if (r < C::BM && row0 + r < nr && k < cols) {
+            const size_t gr = (size_t)(r0 + row0 + r);
+            if (W.fmt == WF_MXFP4) {
+                q = *(const uint4 *)(W.w + gr * (cols / 2) + k / 2);
+                s = e8m0_f32(W.mx_scale[gr * (cols / 32) + k / 32]);
+            } else {
+                const uint8_t *p = W.w + (gr * cols + k) * ebytes;
+                if (cols % ce == 0) q = *(const uint4 *)p;
+                else {
+                    uint32_t word[4] = {0u, 0u, 0u, 0u};
+                    const int nb = (cols - k < ce ? cols - k : ce) * ebytes;
+                    for (int b = 0; b < nb; b++) word[b / 4] |= (uint32_t)p[b] << (8 * (b % 4));
+                    q = mma_u4(word[0], word[1], word[2], word[3]);
+                }
+                if (W.fmt == WF_FP8) s = W.fp8_scale[(gr / 128) * ((cols + 127) / 128) + k / 128];
+            }
+        }
+        L.w[j] = q;
+        L.ws[j] = s;
+        /* activations: BN x BK floats, 4 per chunk */
+        const int t = c / (C::BK / 4), kx = k0 + (c % (C::BK / 4)) * 4;
+        float4 v;
+        v.x = v.y = v.z = v.w = 0.0f;
+        if (tok0 + t < n && kx < cols) {
+            const float *xr = x + (size_t)(x_rows ? x_rows[tok0 + t] : tok0 + t) * ldx + kx;
+            if (xvec) v = *(const float4 *)xr;
+            else {
+                v.x = xr[0];
+                if (kx + 1 < cols) v.y = xr[1];
+                if (kx + 2 < cols) v.z = xr[2];
+                if (kx + 3 < cols) v.w = xr[3];
+            }
+        }
+        L.x[j] = v;
+    }
+}
+
+/* The registers of mma_load, decoded to bf16, into shared buffer ws (weights) / xs. */
+template <bool SKINNY>
+__device__ __forceinline__ void mma_store(const MmaLoads &L, int fmt, uint16_t *ws, uint16_t *xs) {
+    typedef MmaCfg<SKINNY> C;
+    const int ce = mma_chunk_elems(fmt), cpr = C::BK / ce;
+    UNROLL for (int j = 0; j < 2; j++) {
+        const int c = threadIdx.x + j * BLOCK, r = c / cpr;
+        if (r < C::BM) {
+            uint16_t *d = ws + r * C::LD + (c % cpr) * ce;
+            const uint4 q = L.w[j];
+            const uint32_t w[4] = {q.x, q.y, q.z, q.w};
+            const float s = L.ws[j];
+            if (fmt == WF_BF16) *(uint4 *)d = q;
+            else if (fmt == WF_F32) {
+                uint2 o;
+                o.x = bf16_pair(__uint_as_float(w[0]), __uint_as_float(w[1]));
+                o.y = bf16_pair(__uint_as_float(w[2]), __uint_as_float(w[3]));
+                *(uint2 *)d = o;
+            } else if (fmt == WF_FP8) {
+                uint32_t o[8];
+                UNROLL for (int i = 0; i < 8; i++) {
+                    const uint32_t b = w[i / 2] >> (16 * (i % 2));
+                    o[i] = bf16_pair(fp8_f32(b & 0xff) * s, fp8_f32((b >> 8) & 0xff) * s);
+                }
+                *(uint4 *)d = mma_u4(o[0], o[1], o[2], o[3]);
+                *(uint4 *)(d + 8) = mma_u4(o[4], o[5], o[6], o[7]);
+            } else { /* MXFP4: byte i holds columns 2i (low nibble) and 2i+1 */
+                uint32_t o[16];
+                UNROLL for (int i = 0; i < 16; i++) {
+                    const uint32_t b = w[i / 4] >> (8 * (i % 4));
+                    o[i] = bf16_pair(e2m1_f32(b & 15) * s, e2m1_f32((b >> 4) & 15) * s);
+                }
+                UNROLL for (int i = 0; i < 4; i++) *(uint4 *)(d + 8 * i) = mma_u4(o[4 * i], o[4 * i + 1], o[4 * i + 2], o[4 * i + 3]);
+            }
+        }
+        const float4 v = L.x[j];
+        uint2 o;
+        o.x = bf16_pair(v.x, v.y);
+        o.y = bf16_pair(v.z, v.w);
+        *(uint2 *)(xs + (c / (C::BK / 4)) * C::LD + (c % (C::BK / 4)) * 4) = o;
+    }
+}
+
+/* mma_tile<SKINNY>(W, x, ldx, x_rows, y, ldy, r0, nr, n, row0, tok0): one block's tile of
+ *     y[t][i] = Σ_k bf16(x[x_rows ? x_rows[t] : t][k]) · bf16(W[r0 + i][k])   (fp32 sums)
+ * for rows i in [row0, row0 + BM) ∩ [0, nr) and tokens t in [tok0, tok0 + BN) ∩ [0, n),
+ * BM x BN = MmaCfg<SKINNY> (64 x 64, or 32 x 32 for SKINNY). x's rows are ldx floats apart
+ * and may be gathered: x_rows (device memory, n entries) names the row of x each token
+ * reads, NULL reads row t; y is not gathered: token t's results go to y + t * ldy + i.
+ * Every thread of the block must call it (barriers; it uses MmaCfg::SMEM bytes of shared
+ * memory). A grouped-expert kernel calls it with one expert's W and x_rows = the tokens
+ * routed to that expert. */
+template <bool SKINNY>
+__device__ __forceinline__ void mma_tile(const DMat &W, const float *x, int ldx, const int *x_rows, float *y, int ldy, int r0, int nr, int n, int row0, int tok0) {
+    typedef MmaCfg<SKINNY> C;
+    __shared__ __attribute__((aligned(16))) uint16_t smem[C::SMEM / 2];
+    const int wid = threadIdx.x / WAVE, wk = wid % C::WGK, wm = wid / C::WGK % C::WGM, wn = wid / C::WGK / C::WGM;
+    const int cols = W.cols, nk = (cols + C::BK - 1) / C::BK;
+    const bool xvec = ((ldx | cols) & 3) == 0 && ((uintptr_t)x & 15) == 0;
+    MmaC acc[C::FN];
+    UNROLL for (int f = 0; f < C::FN; f++) UNROLL for (int v = 0; v < MMA_CN; v++) acc[f][v] = 0.0f;
+    MmaLoads L;
+    mma_load<SKINNY>(L, W, x, ldx, x_rows, r0, nr, n, row0, tok0, 0, xvec);
+    mma_store<SKINNY>(L, W.fmt, smem, smem + C::BM * C::LD); /* buffer b at smem + b * (BM + BN) * LD */
+    __syncthreads();
+    for (int kt = 0; kt < nk; kt++) {
+        const uint16_t *ws = smem + (kt & 1) * (C::BM + C::BN) * C::LD, *xs = ws + C::BM * C::LD;
+        if (kt + 1 < nk) mma_load<SKINNY>(L, W, x, ldx, x_rows, r0, nr, n, row0, tok0, (kt + 1) * C::BK, xvec); /* in flight during the steps */
+        UNROLL for (int s = 0; s < C::KSTEPS; s++) {
+            const int k = (wk * C::KSTEPS + s) * MMA_K;
+            UNROLL for (int f = 0; f < C::FN; f++) mma_step(acc[f], ws + wm * C::WTM * C::LD, xs + (wn * C::WTN + f * MMA_N) * C::LD, C::LD, k);
+        }
+        uint16_t *next = smem + ((kt + 1) & 1) * (C::BM + C::BN) * C::LD;
+        if (kt + 1 < nk) mma_store<SKINNY>(L, W.fmt, next, next + C::BM * C::LD);
+        __syncthreads(); /* the other buffer is complete, and nobody reads this one any more */
+    }
+    /* each wave's results into shared memory (the staging buffers are free now), then
+     * the k slices added in order and stored along rows, which are y's contiguous axis */
+    float *res = (float *)smem;
+    const int lane = threadIdx.x % WAVE;
+    UNROLL for (int f = 0; f < C::FN; f++) UNROLL for (int v = 0; v < MMA_CN; v++) {
+        int row, tok;
+        mma_c_coord(v, lane, row, tok);
+        res[(wk * C::BN + wn * C::WTN + f * MMA_N + tok) * C::CLD + wm * C::WTM + row] = acc[f][v];
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < C::BM * C::BN; e += BLOCK) {
+        const int t = e / C::BM, i = e % C::BM;
+        float s = res[t * C::CLD + i];
+        for (int q = 1; q < C::WGK; q++) s += res[(q * C::BN + t) * C::CLD + i];
+        if (row0 + i < nr && tok0 + t < n) y[(size_t)(tok0 + t) * ldy + row0 + i] = s;
+    }
+}
+
+/* The prefill product y = x · W[r0 .. r0+nr)ᵀ on matrix cores, same arguments as k_gemm;
+ * grid (row tiles, token tiles, z). */
+template <bool SKINNY>
+__global__ void __launch_bounds__(BLOCK) k_gemm_mma(DMat W, const float *x, int ldx, float *y, int ldy, int r0, int nr, int n, int zr, int zx, int zy) {
+    const int z = blockIdx.z;
+    mma_tile<SKINNY>(W, x + (size_t)z * zx, ldx, (const int *)0, y + (size_t)z * zy, ldy, r0 + z * zr, nr, n, blockIdx.x * MmaCfg<SKINNY>::BM,
+                     blockIdx.y * MmaCfg<SKINNY>::BN);
+}
+
+/* The same with x's rows gathered (mma_tile's x_rows): the kernel tests' check of the
+ * gather a grouped-expert kernel relies on. */
+template <bool SKINNY>
+__global__ void __launch_bounds__(BLOCK) k_gemm_mma_rows(DMat W, const float *x, int ldx, const int *x_rows, float *y, int ldy, int r0, int nr, int n) {
+    mma_tile<SKINNY>(W, x, ldx, x_rows, y, ldy, r0, nr, n, blockIdx.x * MmaCfg<SKINNY>::BM, blockIdx.y * MmaCfg<SKINNY>::BN);
+}
+
+/* Host side: the skinny shape for up to 32 tokens, the square one above. */
+static void gemm_mma(float *y, int ldy, const float *x, int ldx, const DMat &W, int r0, int nr, int n, int nz, int zr, int zx, int zy) {
+    if (n <= MmaCfg<true>::BN)
+        LAUNCHED(k_gemm_mma<true>, dim3((nr + MmaCfg<true>::BM - 1) / MmaCfg<true>::BM, (n + MmaCfg<true>::BN - 1) / MmaCfg<true>::BN, nz), dim3(BLOCK), 0, 0, W, x,
+                 ldx, y, ldy, r0, nr, n, zr, zx, zy);
+    else
+        LAUNCHED(k_gemm_mma<false>, dim3((nr + MmaCfg<false>::BM - 1) / MmaCfg<false>::BM, (n + MmaCfg<false>::BN - 1) / MmaCfg<false>::BN, nz), dim3(BLOCK), 0, 0,
+                 W, x, ldx, y, ldy, r0, nr, n, zr, zx, zy);
+}
+
+/* One instruction on known operands, for the kernel tests (gpuk_mma): a, b, c are the
+ * MMA_M x MMA_K, MMA_K x MMA_N and MMA_M x MMA_N matrices, row-major, a and b as bf16;
+ * one wave puts them in shared memory, runs mma_step once and writes d = a · b + c. */
+__global__ void k_mma_once(const uint16_t *a, const uint16_t *b, const float *c, float *d) {
+    __shared__ __attribute__((aligned(16))) uint16_t as[MMA_M * (MMA_K + MMA_PAD)], bs[MMA_N * (MMA_K + MMA_PAD)];
+    const int lane = threadIdx.x, ld = MMA_K + MMA_PAD;
+    for (int e = lane; e < MMA_M * MMA_K; e += WAVE) as[(e / MMA_K) * ld + e % MMA_K] = a[e];
+    for (int e = lane; e < MMA_K * MMA_N; e += WAVE) bs[(e % MMA_N) * ld + e / MMA_N] = b[e]; /* token-major, as x's tile */
+    __syncthreads();
+    MmaC acc;
+    int row, tok;
+    UNROLL for (int v = 0; v < MMA_CN; v++) { mma_c_coord(v, lane, row, tok); acc[v] = c[row * MMA_N + tok]; }
+    mma_step(acc, as, bs, ld, 0);
+    UNROLL for (int v = 0; v < MMA_CN; v++) { mma_c_coord(v, lane, row, tok); d[row * MMA_N + tok] = acc[v]; }
+}
+
+/* ======================================================================== */
 /* 4. small ops (glm.c §2 "small ops")                                       */
 
 /* x[t] = embed[tokens[t]] (glm.c: mat_dequant_row on the embedding) */
@@ -2454,6 +2833,7 @@ static void matmul_rows(float *y, int ldy, const float *x, int ldx, const DMat &
         LAUNCHED(k_gemv1, dim3((nr + GEMV_ROWS - 1) / GEMV_ROWS, 1, nz), dim3(BLOCK), 0, 0, W, x, ldx, y, ldy, r0, nr, zr, zx, zy);
     else if (n <= GEMV_MAXN)
         LAUNCHED(k_gemvn, dim3((nr + GEMV_ROWS - 1) / GEMV_ROWS, 1, nz), dim3(BLOCK), 0, 0, W, x, ldx, y, ldy, r0, nr, n, zr, zx, zy);
+    else if (!g_plain_kernels) gemm_mma(y, ldy, x, ldx, W, r0, nr, n, nz, zr, zx, zy);
     else
         LAUNCHED(k_gemm, dim3((nr + TM - 1) / TM, (n + TN - 1) / TN, nz), dim3(BLOCK), 0, 0, W, x, ldx, y, ldy, r0, nr, n, zr, zx, zy);
 }
@@ -3091,4 +3471,37 @@ extern "C" double gpuk_copy_bandwidth(size_t bytes, int iters) {
     CHECK(hipEventDestroy(e0));
     CHECK(hipEventDestroy(e1));
     return 2.0 * (double)bytes * iters / (ms / 1e3);
+}
+
+/* The matrix instruction of this build (section 3c) once: its shape, then d = a · b + c for
+ * row-major a [M][K] and b [K][N] (bf16 bits) and c, d [M][N], computed by one wave. */
+extern "C" void gpuk_mma_shape(int *m, int *n, int *k) { *m = MMA_M; *n = MMA_N; *k = MMA_K; }
+extern "C" void gpuk_mma(float *d, const uint16_t *a, const uint16_t *b, const float *c) {
+    CHECK(hipSetDevice(0));
+    uint16_t *da = (uint16_t *)dev_copy(a, MMA_M * MMA_K * 2), *db = (uint16_t *)dev_copy(b, MMA_K * MMA_N * 2);
+    float *dc = (float *)dev_copy(c, MMA_M * MMA_N * 4), *dd = (float *)dev_copy(NULL, MMA_M * MMA_N * 4);
+    LAUNCHED(k_mma_once, dim3(1), dim3(WAVE), 0, 0, (const uint16_t *)da, (const uint16_t *)db, (const float *)dc, dd);
+    host_copy(d, dd, MMA_M * MMA_N * 4);
+    dfree(da); dfree(db); dfree(dc); dfree(dd);
+}
+
+/* k_gemm_mma as matmul_rows launches it, nz products offset by zr rows / zx, zy floats
+ * (x_rows NULL), or with the rows of x gathered (k_gemm_mma_rows, nz = 1): y has y_floats
+ * floats, x x_floats; skinny picks the tile shape (-1: as matmul_rows does). */
+extern "C" void gpuk_gemm_mma(float *y, int ldy, size_t y_floats, const float *x, int ldx, size_t x_floats, const int *x_rows, const Mat *W, int r0, int nr,
+                              int n, int nz, int zr, int zx, int zy, int skinny) {
+    CHECK(hipSetDevice(0));
+    DMat d = dev_mat(W);
+    float *dx = (float *)dev_copy(x, x_floats * 4), *dy = (float *)dev_copy(y, y_floats * 4);
+    int *dr = x_rows ? (int *)dev_copy(x_rows, (size_t)n * 4) : NULL;
+    if (skinny < 0) skinny = n <= MmaCfg<true>::BN;
+    const int bm = skinny ? (int)MmaCfg<true>::BM : (int)MmaCfg<false>::BM, bn = skinny ? (int)MmaCfg<true>::BN : (int)MmaCfg<false>::BN;
+    const dim3 grid((nr + bm - 1) / bm, (n + bn - 1) / bn, x_rows ? 1 : nz);
+    if (x_rows && skinny) LAUNCHED(k_gemm_mma_rows<true>, grid, dim3(BLOCK), 0, 0, d, (const float *)dx, ldx, (const int *)dr, dy, ldy, r0, nr, n);
+    else if (x_rows) LAUNCHED(k_gemm_mma_rows<false>, grid, dim3(BLOCK), 0, 0, d, (const float *)dx, ldx, (const int *)dr, dy, ldy, r0, nr, n);
+    else if (skinny) LAUNCHED(k_gemm_mma<true>, grid, dim3(BLOCK), 0, 0, d, (const float *)dx, ldx, dy, ldy, r0, nr, n, zr, zx, zy);
+    else LAUNCHED(k_gemm_mma<false>, grid, dim3(BLOCK), 0, 0, d, (const float *)dx, ldx, dy, ldy, r0, nr, n, zr, zx, zy);
+    host_copy(y, dy, y_floats * 4);
+    dev_mat_free(&d); dfree(dx); dfree(dy);
+    if (dr) dfree(dr);
 }

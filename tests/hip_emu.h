@@ -558,4 +558,88 @@ inline hipError_t hipEventRecord(hipEvent_t e, hipStream_t = nullptr) { e->t = e
 inline hipError_t hipEventSynchronize(hipEvent_t) { return hipSuccess; }
 inline hipError_t hipEventElapsedTime(float *ms, hipEvent_t a, hipEvent_t b) { *ms = (float)((b->t - a->t) * 1e3); return hipSuccess; }
 
+/* ---- matrix instructions ----------------------------------------------------------------
+ * The two instructions of glm_hip.hip's prefill product (section 3c), each a wave-wide
+ * operation: every lane posts its operand registers, the wave meets, each lane computes
+ * its own result registers from all the lanes' operands (the documented layouts mapped
+ * back to matrix coordinates, then plain loops), and the wave meets again before any lane
+ * may post the next operands. The sums run over k in order in fp32 (the products of two
+ * bf16 are exact); the hardware's internal order and rounding are not specified by
+ * either vendor, so results agree with a GPU to rounding, exactly for small integers.
+ * Layout sources:
+ *   v_mfma_f32_32x32x8_bf16 (wave 64): "AMD Instinct MI300 ISA Reference Guide" (CDNA3), §7
+ *     "Matrix Arithmetic Instructions", and AMD's Matrix Instruction Calculator
+ *     (--instruction v_mfma_f32_32x32x8_bf16 --register-layout): A[i][k] is element k % 4
+ *     of lane i + 32 * (k / 4); B[k][j] element k % 4 of lane j + 32 * (k / 4); D[i][j] is
+ *     register 4 * (i / 8) + i % 4 of lane j + 32 * ((i / 4) % 2). (cbsz, abid, blgp = 0:
+ *     no broadcast, which is all glm_hip.hip uses; anything else stops the program.)
+ *   mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 (wave 32): PTX ISA, "Matrix
+ *     Fragments for mma.m16n8k16 with floating point type": g = lane / 4, t = lane % 4;
+ *     A (16x16, 4 registers of two bf16, the lower k in the low half): a0 A[g][2t..2t+1],
+ *     a1 A[g+8][2t..], a2 A[g][2t+8..], a3 A[g+8][2t+8..]; B (16x8, 2 registers):
+ *     b0 B[2t..2t+1][g], b1 B[2t+8..2t+9][g]; C/D (4 floats): c0, c1 at C[g][2t], C[g][2t+1],
+ *     c2, c3 at C[g+8][2t], C[g+8][2t+1]. */
+/* the builtin's vector types, as structs (a 64-byte vector return would change the ABI) */
+struct emu_s16x4 {
+    short v[4];
+    short operator[](int i) const { return v[i]; }
+};
+struct emu_f32x16 {
+    float v[16];
+    float &operator[](int i) { return v[i]; }
+    float operator[](int i) const { return v[i]; }
+};
+struct EmuMmaLane { float a[8], b[4]; };
+inline thread_local EmuMmaLane emu_mma_lane[1024];
+inline float emu_bf16(unsigned h) { return __uint_as_float((h & 0xffffu) << 16); }
+/* The wave's meeting; returns the first lane of this lane's wave. At the first meeting of
+ * an instruction every lane of the wave must be there (none exited: a lane that finished
+ * could not have posted its operands); at the second, lanes released before may have gone
+ * on, even to their end. */
+inline int emu_mma_meet(const char *what, bool first) {
+    EmuFiber *me = emu_cur;
+    const int w0 = me->lin - me->lin % WAVE;
+    if (w0 + WAVE > emu_worker->n) emu_die(what);
+    emu_syncwave();
+    if (first)
+        for (int i = w0; i < w0 + WAVE; i++)
+            if (emu_worker->fibers[i].state == EMU_DONE) emu_die(what);
+    return w0;
+}
+inline emu_f32x16 __builtin_amdgcn_mfma_f32_32x32x8bf16_1k(emu_s16x4 a, emu_s16x4 b, emu_f32x16 c, int cbsz, int abid, int blgp) {
+    if (WAVE != 64 || cbsz || abid || blgp) emu_die("v_mfma_f32_32x32x8_bf16 needs wave 64 and no broadcast");
+    const int lin = emu_cur->lin, lane = lin % WAVE;
+    for (int e = 0; e < 4; e++) { emu_mma_lane[lin].a[e] = emu_bf16((unsigned short)a[e]); emu_mma_lane[lin].b[e] = emu_bf16((unsigned short)b[e]); }
+    const int w0 = emu_mma_meet("v_mfma_f32_32x32x8_bf16 without every lane of the wave", true);
+    emu_f32x16 d;
+    for (int r = 0; r < 16; r++) {
+        const int i = 8 * (r / 4) + 4 * (lane / 32) + r % 4, j = lane % 32;
+        float s = c[r];
+        for (int k = 0; k < 8; k++) s += emu_mma_lane[w0 + i + 32 * (k / 4)].a[k % 4] * emu_mma_lane[w0 + j + 32 * (k / 4)].b[k % 4];
+        d[r] = s;
+    }
+    emu_mma_meet("v_mfma_f32_32x32x8_bf16 without every lane of the wave", false);
+    return d;
+}
+/* d = A · B + d, the registers of this lane */
+inline void emu_mma_m16n8k16_bf16(float d[4], const unsigned a[4], const unsigned b[2]) {
+    if (WAVE != 32) emu_die("mma.sync.m16n8k16 needs wave 32");
+    const int lin = emu_cur->lin, lane = lin % WAVE;
+    for (int r = 0; r < 4; r++) { emu_mma_lane[lin].a[2 * r] = emu_bf16(a[r]); emu_mma_lane[lin].a[2 * r + 1] = emu_bf16(a[r] >> 16); }
+    for (int r = 0; r < 2; r++) { emu_mma_lane[lin].b[2 * r] = emu_bf16(b[r]); emu_mma_lane[lin].b[2 * r + 1] = emu_bf16(b[r] >> 16); }
+    const int w0 = emu_mma_meet("mma.sync.m16n8k16 without every lane of the warp", true);
+    /* A[i][k]: lane 4 * (i % 8) + (k % 8) / 2, register (i / 8) + 2 * (k / 8), half k % 2;
+     * B[k][j]: lane 4 * j + (k % 8) / 2, register k / 8, half k % 2 */
+    float out[4];
+    for (int r = 0; r < 4; r++) {
+        const int i = lane / 4 + 8 * (r / 2), j = 2 * (lane % 4) + r % 2;
+        float s = d[r];
+        for (int k = 0; k < 16; k++)
+            s += emu_mma_lane[w0 + 4 * (i % 8) + (k % 8) / 2].a[2 * (i / 8 + 2 * (k / 8)) + k % 2] * emu_mma_lane[w0 + 4 * j + (k % 8) / 2].b[2 * (k / 8) + k % 2];
+        out[r] = s;
+    }
+    emu_mma_meet("mma.sync.m16n8k16 without every lane of the warp", false);
+    for (int r = 0; r < 4; r++) d[r] = out[r];
+}
+
 #endif

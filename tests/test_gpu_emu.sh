@@ -6,7 +6,17 @@
 #     with the conversion instructions of gfx942 and gfx950 (emulated) on the quantized models;
 #   - whole-forward logits of `glm_emu logits --gpu` against `glm logits` on the tiny
 #     checkpoints (bf16, fp8, mxfp4, mixed, grouped routing): relative L2 <= 1e-4 per
-#     position and the same argmax, by prefill and by --decode;
+#     position and the same argmax, by prefill and by --decode. The prefill runs (chunks of
+#     more than 8 tokens) use GLM_GPU_KERNELS=plain: the default runs those products on the
+#     matrix cores with bf16 activations (glm_hip.hip section 3c), and on these random tiny
+#     checkpoints a bf16 rounding anywhere flips routing and top-k choices that the rest of
+#     the forward pass amplifies: measured max rel L2 per position, 16-token prefill, fast
+#     GPU vs fp32 CPU 0.54 (bf16), 0.07 (fp8), 0.77 (mixed), and the CPU's own bf16 path vs
+#     its fp32 one 0.06, 1.05, 1.21, so no whole-forward tolerance can hold the bf16 prefill
+#     here. Its accuracy is held by the kernel tests (k_gemm_mma against the bf16 product at
+#     4e-6 and the fp32 one at 1e-2; the attention and MLP blocks against glm.c's ops with
+#     bf16 prefill products at 2e-3) and here by the layer split (bit-identical logits with
+#     the default kernels on 1, 2 and 3 GPUs); --decode (one token per forward) never uses it;
 #   - the MTP layer: `glm_emu logits --mtp --gpu` against `glm logits --mtp`, same tolerance,
 #     prefill and --decode, both widths; with --gpus 2 it sits on the last device and its
 #     logits are bit-identical to --gpus 1;
@@ -26,6 +36,7 @@
 set -u
 cd "$(dirname "$0")/.."
 export GLM_PRECISION=fp32 # the GPU path is fp32: compare it with the fp32 CPU path
+PLAIN="env GLM_GPU_KERNELS=plain" # prefill in fp32 (the plain tiled product), for the comparisons with the CPU
 CPU=${GLM:-./glm}
 OUT=${TEST_OUT:-tests/out/gpu}
 PY=/usr/bin/python3
@@ -90,7 +101,7 @@ for m in $MODELS; do
     "$CPU" logits -m "$d" --ids $IDS -o "$d/cpu.bin" 2>/dev/null || bad "cpu logits $m" "glm logits failed"
     "$CPU" logits -m "$d" --ids $IDS --decode -o "$d/cpu_dec.bin" 2>/dev/null || bad "cpu logits --decode $m" "glm logits failed"
     for w in 64 32; do
-        ./glm_emu$w logits --gpu -m "$d" --ids $IDS -o "$d/gpu$w.bin" 2>"$d/gpu$w.err" || bad "glm_emu$w logits --gpu $m" "$(tail -n 2 "$d/gpu$w.err")"
+        $PLAIN ./glm_emu$w logits --gpu -m "$d" --ids $IDS -o "$d/gpu$w.bin" 2>"$d/gpu$w.err" || bad "glm_emu$w logits --gpu $m" "$(tail -n 2 "$d/gpu$w.err")"
         compare "forward $m wave $w prefill vs CPU" "$d/cpu.bin" "$d/gpu$w.bin" "$V"
         # --decode (one token per forward) is the slow case: both widths for the
         # quantized models, one width for the others
@@ -106,10 +117,10 @@ compare "forward mxfp4 wave 32, 5-token prefill vs CPU" "$d/cpu_short.bin" "$d/g
 LONG=$(seq -s, 1 7 490 | cut -d, -f1-70)                    # 70 tokens: two chunks of 64 (GLM_GPU_CHUNK)
 d=$OUT/mixed
 "$CPU" logits -m "$d" --ids "$LONG" --ctx 100 -o "$d/cpu_long.bin" 2>/dev/null
-GLM_GPU_CHUNK=64 ./glm_emu32 logits --gpus 2 -m "$d" --ids "$LONG" --ctx 100 -o "$d/gpu_long.bin" 2>/dev/null || bad "glm_emu32 70-token prefill" "failed"
+GLM_GPU_CHUNK=64 $PLAIN ./glm_emu32 logits --gpus 2 -m "$d" --ids "$LONG" --ctx 100 -o "$d/gpu_long.bin" 2>/dev/null || bad "glm_emu32 70-token prefill" "failed"
 compare "forward mixed wave 32, 70 tokens in two chunks on 2 GPUs vs CPU" "$d/cpu_long.bin" "$d/gpu_long.bin" "$V"
-./glm_emu64 logits --gpu -m "$d" --ids "$LONG" --ctx 100 -o "$d/gpu_long1.bin" 2>"$OUT/err_chunk1" || bad "glm_emu64 70-token prefill" "failed"
-compare "forward mixed wave 64, 70 tokens in one chunk (the grouped experts) vs CPU" "$d/cpu_long.bin" "$d/gpu_long1.bin" "$V"
+$PLAIN ./glm_emu64 logits --gpu -m "$d" --ids "$LONG" --ctx 100 -o "$d/gpu_long1.bin" 2>"$OUT/err_chunk1" || bad "glm_emu64 70-token prefill" "failed"
+compare "forward mixed wave 64, 70 tokens in one chunk vs CPU" "$d/cpu_long.bin" "$d/gpu_long1.bin" "$V"
 grep -q "prefill in chunks of 100$" "$OUT/err_chunk1" && ok "the plan: prefill chunks of the whole context (100) when it fits" ||
     bad "prefill chunk" "plan line: $(grep 'gpu plan' "$OUT/err_chunk1")"
 # prefill chunks shrink (2048 -> halves) until the scratch fits the device: 30 MB leaves 256
@@ -127,7 +138,7 @@ for m in $MODELS; do
     "$CPU" logits --mtp -m "$d" --ids $IDS -o "$d/cpu_mtp.bin" 2>/dev/null || bad "cpu logits --mtp $m" "glm logits --mtp failed"
     "$CPU" logits --mtp --decode -m "$d" --ids $IDS -o "$d/cpu_mtp_dec.bin" 2>/dev/null || bad "cpu logits --mtp --decode $m" "glm logits --mtp failed"
     for w in 64 32; do
-        ./glm_emu$w logits --mtp --gpu -m "$d" --ids $IDS -o "$d/gpu${w}_mtp.bin" 2>"$d/gpu$w.err" || bad "glm_emu$w logits --mtp --gpu $m" "$(tail -n 2 "$d/gpu$w.err")"
+        $PLAIN ./glm_emu$w logits --mtp --gpu -m "$d" --ids $IDS -o "$d/gpu${w}_mtp.bin" 2>"$d/gpu$w.err" || bad "glm_emu$w logits --mtp --gpu $m" "$(tail -n 2 "$d/gpu$w.err")"
         compare "MTP layer $m wave $w prefill vs CPU" "$d/cpu_mtp.bin" "$d/gpu${w}_mtp.bin" "$V"
         case "$m$w" in bf1632|fp864|ngroup32|mxfp464) continue ;; esac # --decode: one width per model
         ./glm_emu$w logits --mtp --gpu --decode -m "$d" --ids $IDS -o "$d/gpu${w}_mtp_dec.bin" 2>"$d/gpu$w.err" || bad "glm_emu$w logits --mtp --gpu --decode $m" "$(tail -n 2 "$d/gpu$w.err")"
@@ -137,10 +148,10 @@ done
 d=$OUT/mixed; V=$(vocab "$d")
 for w in 64 32; do
     for mode in prefill decode; do
-        suffix=; flag=
-        [ $mode = decode ] && suffix=_dec && flag=--decode
-        [ -e "$d/gpu${w}_mtp$suffix.bin" ] || ./glm_emu$w logits --mtp --gpu $flag -m "$d" --ids $IDS -o "$d/gpu${w}_mtp$suffix.bin" 2>/dev/null
-        if ./glm_emu$w logits --mtp --gpus 2 $flag -m "$d" --ids $IDS -o "$d/gpus2_${w}_mtp$suffix.bin" 2>"$d/gpus2.err"; then
+        suffix=; flag=; k=$PLAIN
+        [ $mode = decode ] && suffix=_dec && flag=--decode && k=
+        [ -e "$d/gpu${w}_mtp$suffix.bin" ] || $k ./glm_emu$w logits --mtp --gpu $flag -m "$d" --ids $IDS -o "$d/gpu${w}_mtp$suffix.bin" 2>/dev/null
+        if $k ./glm_emu$w logits --mtp --gpus 2 $flag -m "$d" --ids $IDS -o "$d/gpus2_${w}_mtp$suffix.bin" 2>"$d/gpus2.err"; then
             if ! grep -q "^  device 1 .*+ lm_head + MTP layer" "$d/gpus2.err"; then bad "MTP layer --gpus 2 wave $w $mode" "the plan does not put the MTP layer on device 1"
             elif ! cmp -s "$d/gpu${w}_mtp$suffix.bin" "$d/gpus2_${w}_mtp$suffix.bin"; then bad "MTP layer --gpus 2 wave $w $mode" "logits differ from --gpus 1"
             else ok "MTP layer --gpus 2 wave $w $mode: on the last device, logits identical to --gpus 1"; fi
@@ -149,27 +160,29 @@ for w in 64 32; do
     done
 done
 "$CPU" logits --mtp -m "$d" --ids "$LONG" --ctx 100 -o "$d/cpu_mtp_long.bin" 2>/dev/null
-GLM_GPU_CHUNK=64 ./glm_emu32 logits --mtp --gpus 2 -m "$d" --ids "$LONG" --ctx 100 -o "$d/gpu_mtp_long.bin" 2>/dev/null || bad "glm_emu32 70-token MTP prefill" "failed"
+GLM_GPU_CHUNK=64 $PLAIN ./glm_emu32 logits --mtp --gpus 2 -m "$d" --ids "$LONG" --ctx 100 -o "$d/gpu_mtp_long.bin" 2>/dev/null || bad "glm_emu32 70-token MTP prefill" "failed"
 compare "MTP layer mixed wave 32, 70 tokens in two chunks on 2 GPUs vs CPU" "$d/cpu_mtp_long.bin" "$d/gpu_mtp_long.bin" "$V"
 # run (only the last token's logits, so no copy back synchronizes device 1 between chunks):
 # the next chunk's hand-over must wait for device 1's queued work before its peer copy
 # (ROCm's hipMemcpyPeer does not; the emulator aborts on a peer copy into a busy device)
 a=$("$CPU" run -m "$d" --ids "$LONG" --ctx 100 -n 4 --temp 0 2>/dev/null)
-b=$(GLM_GPU_CHUNK=64 ./glm_emu32 run --gpus 2 -m "$d" --ids "$LONG" --ctx 100 -n 4 --temp 0 2>"$OUT/err_long_run")
+b=$(GLM_GPU_CHUNK=64 $PLAIN ./glm_emu32 run --gpus 2 -m "$d" --ids "$LONG" --ctx 100 -n 4 --temp 0 2>"$OUT/err_long_run")
 if [ -n "$a" ] && [ "$a" = "$b" ]; then ok "run --gpus 2, 70-token prompt in two chunks: same tokens as the CPU ($a)"
 else bad "run --gpus 2, 70-token prompt" "CPU '$a' vs GPU '$b': $(tail -n 1 "$OUT/err_long_run")"; fi
 
 # --- several GPUs: the layer split must not change a bit -------------------------------------------
+# (the default kernels: the prefill's products on the matrix cores, --decode's fast matrix-vector ones)
 for m in mixed ngroup; do
     d=$OUT/$m
+    ./glm_emu64 logits --gpu -m "$d" --ids $IDS -o "$d/gpu64_fast.bin" 2>/dev/null || bad "glm_emu64 logits --gpu $m (default kernels)" "failed"
     for n in 2 3; do
         if [ $m = mixed ]; then modes="prefill decode"; else modes=prefill; fi # decode: the selection crosses devices per token
         for mode in $modes; do
-            suffix=; flag=
-            [ $mode = decode ] && suffix=_dec && flag=--decode
+            suffix=; flag=; ref=$d/gpu64_fast.bin
+            [ $mode = decode ] && suffix=_dec && flag=--decode && ref=$d/gpu64_dec.bin
             if ./glm_emu64 logits --gpus $n $flag -m "$d" --ids $IDS -o "$d/gpus$n$suffix.bin" 2>"$d/gpus$n.err"; then
                 devs=$(grep -c '^  device [0-9]' "$d/gpus$n.err")
-                if ! cmp -s "$d/gpu64$suffix.bin" "$d/gpus$n$suffix.bin"; then bad "$m --gpus $n $mode" "logits differ from --gpus 1"
+                if ! cmp -s "$ref" "$d/gpus$n$suffix.bin"; then bad "$m --gpus $n $mode" "logits differ from --gpus 1"
                 elif [ "$devs" -ne $n ]; then bad "$m --gpus $n $mode" "the plan lists $devs devices"
                 else ok "$m --gpus $n $mode: plan over $n devices, logits identical to --gpus 1"; fi
             else bad "$m --gpus $n $mode" "$(tail -n 2 "$d/gpus$n.err")"; fi

@@ -42,6 +42,10 @@ void gpuk_q_absorb(float *q_abs, const float *q, const Mat *kv_b, const Config *
 void gpuk_mla_attend(float *o_lat, const float *q_abs, const float *latent, int T, const int *sel, const int *n_sel, const Config *c, int n, int kmax,
                      int cus, int slices);
 void gpuk_ix_scores(float *scores, const float *ix_q, const float *ix_w, const float *keys, int T, const Config *c, int n, int pos0);
+void gpuk_mma_shape(int *m, int *n, int *k);
+void gpuk_mma(float *d, const uint16_t *a, const uint16_t *b, const float *c);
+void gpuk_gemm_mma(float *y, int ldy, size_t y_floats, const float *x, int ldx, size_t x_floats, const int *x_rows, const Mat *W, int r0, int nr, int n,
+                   int nz, int zr, int zx, int zy, int skinny);
 
 static int n_pass, n_fail;
 static double g_tol = 1.0;
@@ -131,6 +135,14 @@ static void matmul_row_range(float *y, const float *x, const Mat *W, int r0, int
  * blocks as the shape allows. The plain ones sum in glm.c's order (2e-6 covers the
  * emulator's contracted multiply-adds); the fast ones in another (several partial sums
  * per lane, the splits): 1e-5. */
+/* The prefill product on matrix cores (glm_hip.hip section 3c) takes x as bf16: against
+ * glm.c's fp32 matmul it is off by the rounding of x (and of FP8/F32 weights): measured
+ * up to 6.2e-3 relative L2 (the worst row) on these random inputs; against the same product
+ * with x and W rounded to bf16 first it is off by the order of the fp32 sums only
+ * (measured up to 1.0e-6, at 1024 columns). */
+#define MMA_TOL_FP32 1e-2
+#define MMA_TOL_BF16 4e-6
+
 static void test_matmul_mode(const char *mode, double tol);
 static void test_matmul(void) {
     static const char *mode_name[] = {"plain", "fast", "fast split"};
@@ -160,11 +172,138 @@ static void test_matmul_mode(const char *mode, double tol) {
                 double e = rel_rows(ref, got, n, nr);
                 char name[96];
                 snprintf(name, sizeof name, "matmul %s %s %dx%d rows %d+%d n=%d", mode, fmt_name[f], rows, cols, r0, nr, n);
-                report(e <= tol * g_tol, name, "rel L2 %.3g", e);
+                /* the fast modes' tiled product is the bf16 one (test_gemm_mma holds it to the bf16 product) */
+                const double t = strcmp(mode, "plain") && n > 8 ? MMA_TOL_FP32 : tol;
+                report(e <= t * g_tol, name, "rel L2 %.3g", e);
                 free(x); free(ref); free(got);
             }
             free_mat(&t);
         }
+}
+
+/* The matrix instruction itself (gpuk_mma: one wave, one instruction, operands placed
+ * per the documented layouts by mma_step): wave 64 runs AMD's v_mfma_f32_32x32x8_bf16,
+ * wave 32 NVIDIA's mma.m16n8k16. Small integers (exact in bf16, every sum exact in fp32)
+ * must come out exactly as plain loops give them; random bf16 values within fp32 rounding. */
+static void test_mma_instr(void) {
+    int M, N, K;
+    gpuk_mma_shape(&M, &N, &K);
+    uint16_t *a = xmalloc((size_t)M * K * 2), *b = xmalloc((size_t)K * N * 2);
+    float *c = xmalloc((size_t)M * N * 4), *d = xmalloc((size_t)M * N * 4), *ref = xmalloc((size_t)M * N * 4);
+    for (int kind = 0; kind < 2; kind++) {
+        for (int i = 0; i < M * K; i++) a[i] = f32_to_bf16(kind ? rndn() : (float)((int)(rnd32() % 17) - 8));
+        for (int i = 0; i < K * N; i++) b[i] = f32_to_bf16(kind ? rndn() : (float)((int)(rnd32() % 17) - 8));
+        for (int i = 0; i < M * N; i++) c[i] = kind ? rndn() : (float)((int)(rnd32() % 201) - 100);
+        for (int i = 0; i < M; i++)
+            for (int j = 0; j < N; j++) {
+                double s = c[i * N + j];
+                for (int k = 0; k < K; k++) s += (double)bf16_to_f32(a[i * K + k]) * bf16_to_f32(b[k * N + j]);
+                ref[i * N + j] = (float)s;
+            }
+        gpuk_mma(d, a, b, c);
+        char name[96];
+        snprintf(name, sizeof name, "matrix instruction %dx%dx%d bf16 (wave %s), %s", M, N, K, M == 32 ? "64: v_mfma_f32_32x32x8_bf16" : "32: mma.m16n8k16",
+                 kind ? "random values" : "small integers, exact");
+        if (!kind) {
+            int bad = 0, first = -1;
+            for (int i = 0; i < M * N; i++) if (d[i] != ref[i]) { bad++; if (first < 0) first = i; }
+            report(!bad, name, "%d of %d results differ from the loops (first [%d][%d]: %g, want %g)", bad, M * N, first / N, first % N,
+                   first >= 0 ? d[first] : 0.0, first >= 0 ? ref[first] : 0.0);
+        } else {
+            double e = rel_rows(ref, d, 1, M * N);
+            report(e <= 1e-6 * g_tol, name, "rel L2 %.3g", e);
+        }
+    }
+    free(a); free(b); free(c); free(d); free(ref);
+}
+
+/* y[t][i] = Σ_k bf16(x[t][k]) · bf16(W[r0+i][k]) in double: what the matrix-core product computes. */
+static void matmul_bf16_ref(float *y, int ldy, const float *x, int ldx, const int *x_rows, const Mat *W, int r0, int nr, int n) {
+    float *row = xmalloc((size_t)W->cols * 4);
+    for (int i = 0; i < nr; i++) {
+        mat_dequant_row(W, r0 + i, row);
+        for (int k = 0; k < W->cols; k++) row[k] = bf16_to_f32(f32_to_bf16(row[k]));
+        for (int t = 0; t < n; t++) {
+            const float *xt = x + (size_t)(x_rows ? x_rows[t] : t) * ldx;
+            double s = 0;
+            for (int k = 0; k < W->cols; k++) s += (double)row[k] * bf16_to_f32(f32_to_bf16(xt[k]));
+            y[(size_t)t * ldy + i] = (float)s;
+        }
+    }
+    free(row);
+}
+
+/* k_gemm_mma (the default prefill product) on every format: matrices whose rows, columns
+ * and tokens are not tile multiples, row offsets, both tile shapes, z batches (the per-head
+ * un-absorb) and gathered x rows (mma_tile's x_rows, for grouped experts). Each result
+ * against the bf16 product (MMA_TOL_BF16) and against glm.c's fp32 matmul (MMA_TOL_FP32). */
+static void test_gemm_mma(void) {
+    const int shapes[][2] = {{100, 160}, {37, 200}, {130, 96}, {64, 256}, {21, 1024}, {70, 36}};
+    const int ns[] = {9, 33, 40, 100};
+    double worst_bf16 = 0, worst_fp32 = 0;
+    gpuk_use_plain(0);
+    for (int f = 0; f < 4; f++)
+        for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+            int rows = shapes[si][0], cols = shapes[si][1];
+            if (f == WF_MXFP4 && cols % 32) continue;
+            TMat t = make_mat((WeightFormat)f, rows, cols);
+            for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++) {
+                int n = ns[ni], r0 = si % 2 ? 5 : 0, nr = rows - r0 - (si % 2 ? 3 : 0);
+                float *x = xmalloc((size_t)n * cols * 4), *ref = xmalloc((size_t)n * nr * 4), *ref32 = xmalloc((size_t)n * nr * 4), *got = xmalloc((size_t)n * nr * 4);
+                fill_n(x, (size_t)n * cols, 1.0f);
+                matmul_bf16_ref(ref, nr, x, cols, NULL, &t.W, r0, nr, n);
+                matmul_row_range(ref32, x, &t.W, r0, nr, n);
+                /* pass 0: matmul_rows' choice (skinny for n <= 32); pass 1: the other shape */
+                for (int pass = 0; pass < 2; pass++) {
+                    const int skinny = (n <= 32) != pass;
+                    if (!pass) gpuk_matmul_rows(got, x, &t.W, r0, nr, n);
+                    else gpuk_gemm_mma(got, nr, (size_t)n * nr, x, cols, (size_t)n * cols, NULL, &t.W, r0, nr, n, 1, 0, 0, 0, skinny);
+                    double e = rel_rows(ref, got, n, nr), e32 = rel_rows(ref32, got, n, nr);
+                    if (e > worst_bf16) worst_bf16 = e;
+                    if (e32 > worst_fp32) worst_fp32 = e32;
+                    char name[128];
+                    snprintf(name, sizeof name, "gemm mma %s %s %dx%d rows %d+%d n=%d%s", skinny ? "skinny" : "square", fmt_name[f], rows, cols, r0, nr, n,
+                             pass ? "" : " (matmul_rows)");
+                    report(e <= MMA_TOL_BF16 * g_tol && e32 <= MMA_TOL_FP32 * g_tol, name, "rel L2 %.3g vs bf16 (tol %g), %.3g vs fp32 (tol %g)", e, MMA_TOL_BF16, e32,
+                           MMA_TOL_FP32);
+                }
+                free(x); free(ref); free(ref32); free(got);
+            }
+            free_mat(&t);
+        }
+    /* z batches: 3 products of 24 rows each, rows 40 apart from row 7, x and y with strides */
+    for (int f = 0; f < 4; f++) {
+        const int rows = 130, cols = 64, nz = 3, zr = 40, nr = 24, n = 40, ldx = nz * cols + 8, ldy = nz * nr + 5, r0 = 7;
+        TMat t = make_mat((WeightFormat)f, rows, cols);
+        float *x = xmalloc((size_t)n * ldx * 4), *got = xmalloc((size_t)n * ldy * 4), *ref = xmalloc((size_t)n * ldy * 4);
+        fill_n(x, (size_t)n * ldx, 1.0f);
+        for (size_t i = 0; i < (size_t)n * ldy; i++) got[i] = ref[i] = 12345.0f; /* untouched past the products */
+        for (int z = 0; z < nz; z++) matmul_bf16_ref(ref + z * nr, ldy, x + z * cols, ldx, NULL, &t.W, r0 + z * zr, nr, n);
+        gpuk_gemm_mma(got, ldy, (size_t)n * ldy, x, ldx, (size_t)n * ldx, NULL, &t.W, r0, nr, n, nz, zr, cols, nr, -1);
+        double e = rel_rows(ref, got, n, ldy);
+        char name[96];
+        snprintf(name, sizeof name, "gemm mma %s z batches (3 x %d rows, strided x and y)", fmt_name[f], nr);
+        report(e <= MMA_TOL_BF16 * g_tol, name, "rel L2 %.3g vs bf16", e);
+        free(x); free(got); free(ref); free_mat(&t);
+    }
+    /* gathered x rows: tokens read rows of a larger x in a scattered order, both tile shapes */
+    for (int f = 0; f < 4; f++)
+        for (int ni = 0; ni < 2; ni++) {
+            const int rows = 100, cols = 96, nx = 150, n = ni ? 70 : 20;
+            TMat t = make_mat((WeightFormat)f, rows, cols);
+            int *xr = xmalloc((size_t)n * 4);
+            for (int i = 0; i < n; i++) xr[i] = (int)((i * 37 + 11) % nx);
+            float *x = xmalloc((size_t)nx * cols * 4), *got = xmalloc((size_t)n * rows * 4), *ref = xmalloc((size_t)n * rows * 4);
+            fill_n(x, (size_t)nx * cols, 1.0f);
+            matmul_bf16_ref(ref, rows, x, cols, xr, &t.W, 0, rows, n);
+            gpuk_gemm_mma(got, rows, (size_t)n * rows, x, cols, (size_t)nx * cols, xr, &t.W, 0, rows, n, 1, 0, 0, 0, -1);
+            double e = rel_rows(ref, got, n, rows);
+            char name[96];
+            snprintf(name, sizeof name, "gemm mma %s gathered x rows (x_rows), n=%d", fmt_name[f], n);
+            report(e <= MMA_TOL_BF16 * g_tol, name, "rel L2 %.3g vs bf16", e);
+            free(xr); free(x); free(got); free(ref); free_mat(&t);
+        }
+    printf("NOTE gemm mma: worst rel L2 %.3g against the bf16 product, %.3g against the fp32 product\n", worst_bf16, worst_fp32);
 }
 
 static void test_embed(void) {
@@ -438,18 +577,19 @@ static double walk_distance(const float *prob, const int *order, int n, int a, i
 /* sampling: the fast kernels against k_sample (the same pick, always: the same softmax,
  * compared bit for bit, and the same sequential walks) and against glm.c's sample() with the same draw u. sample()
  * sums the softmax in one sequential pass, the device in 256 strided ones; over 200k
- * terms the two sums differ by ~1e-4 relative, which moves the CDF by as much, so past
- * V = 1000 a pick may differ from sample()'s by at most SAMPLE_CDF_TOL of probability in
- * sample()'s own order (and greedy never). NaN logits at a temperature make every
+ * terms the two sums differ by ~1e-4 relative, which moves the CDF by as much, so a pick
+ * may differ from sample()'s by at most SAMPLE_CDF_TOL of probability in sample()'s own
+ * order past V = 1000, SAMPLE_CDF_TOL_SMALL up to it (and greedy never). NaN logits at a temperature make every
  * probability NaN: no candidate, and all three give the last id. */
 #define SAMPLE_CDF_TOL 5e-3
+#define SAMPLE_CDF_TOL_SMALL 1e-4 /* V = 1000: the two sums still differ in the last bits, which can move a u near a CDF step */
 static void test_sample(void) {
     const int Vs[] = {1000, 4099, 200003};
     const float temps[] = {0.0f, 0.6f, 1.0f, 1.5f}, tops[] = {1.0f, 0.95f, 0.5f, 0.01f};
     const float u_lo[] = {0.0f, 1.0f - 1.0f / 1024, 0.0f}, u_hi[] = {1.0f / 1024, 1.0f, 1.0f}; /* near 0, near 1, anywhere */
     for (size_t vi = 0; vi < sizeof Vs / sizeof Vs[0]; vi++) {
         const int V = Vs[vi], big = V > 100000;
-        const double tol = V <= 1000 ? 0.0 : SAMPLE_CDF_TOL;
+        const double tol = V <= 1000 ? SAMPLE_CDF_TOL_SMALL : SAMPLE_CDF_TOL;
         float *lg = xmalloc((size_t)V * 4), *tmp = xmalloc((size_t)V * 4);
         float *probs_plain = xmalloc((size_t)V * 4), *probs_fast = xmalloc((size_t)V * 4);
         int *order = xmalloc((size_t)V * 4);
@@ -666,8 +806,50 @@ static void test_ix_scores(void) {
 
 /* The blocks of forward() on a real (tiny) checkpoint: each layer's attention and
  * MLP, fed the same random normalised input, through a prefill chunk of 12 tokens,
- * four decode steps and a chunk of 3. */
-static void test_blocks(const char *dir, int plain) {
+ * four decode steps and a chunk of 3; with the plain kernels (fp32 throughout: 1e-5 of
+ * glm.c's ops) and with the fast ones, whose 12-token chunk runs its products on the
+ * matrix cores with bf16 activations (section 3c): BLOCKS_TOL_MMA of glm.c's ops with the
+ * same products in bf16 (below; measured up to 9.7e-4 on the tiny checkpoints: x near a
+ * bf16 rounding boundary rounds either way), the same token selections. */
+#define BLOCKS_TOL_MMA 2e-3
+
+/* glm.c's ops at the precision of the GPU's fast kernels, for the blocks: every product of
+ * more than GEMV_MAXN (8) tokens with x and W rounded to bf16 (as k_gemm_mma computes it),
+ * the un-absorb too (the GPU runs it through the same product); the routed experts stay
+ * fp32, as the GPU runs them one (token, slot) at a time. Against glm.c's fp32 ops the
+ * bf16 prefill differs by ~5e-3, and discrete choices (the indexer's top-k, the experts)
+ * flip on some inputs, which no tolerance on the outputs could cover. */
+static int g_ref_fp32;
+static void matmul_mma_ref(float *y, const float *x, const Mat *W, int n) {
+    if (n <= 8 || g_ref_fp32) matmul(y, x, W, n);
+    else matmul_bf16_ref(y, W->rows, x, W->cols, NULL, W, 0, W->rows, n);
+}
+static void matmul_group_mma_ref(const Product *p, int np, int n) {
+    for (int i = 0; i < np; i++) matmul_mma_ref(p[i].y, p[i].x, p[i].W, n);
+}
+static void mla_attend_mma_ref(const Model *m, const Layer *L, const KVCache *kv, RunState *s, int layer, int n, int pos0) {
+    mla_attend_absorbed(m, L, kv, s, layer, n, pos0);
+    const Config *c = &m->cfg;
+    const int NH = c->n_heads, DN = c->qk_nope, DV = c->v_head, KR = c->kv_lora_rank;
+    if (n > 8)
+        for (int h = 0; h < NH; h++) matmul_bf16_ref(s->o_heads + (size_t)h * DV, NH * DV, s->o_lat + (size_t)h * KR, NH * KR, NULL, &L->kv_b, h * (DN + DV) + DN, DV, n);
+}
+static void moe_experts_mma_ref(const Model *m, const Layer *L, RunState *s, const float *x, float *y, int n) {
+    Model routed = *m; /* the routed experts alone, in fp32 */
+    routed.cfg.n_shared = 0;
+    g_ref_fp32 = 1;
+    moe_experts(&routed, L, s, x, y, n);
+    g_ref_fp32 = 0;
+    if (m->cfg.n_shared) {
+        const size_t nh = (size_t)n * m->cfg.hidden;
+        float *sh = xmalloc(nh * 4);
+        swiglu(sh, x, &L->sh_gate, &L->sh_up, &L->sh_down, s->h1, s->h2, n);
+        for (size_t i = 0; i < nh; i++) y[i] += sh[i];
+        free(sh);
+    }
+}
+
+static void test_blocks_mode(const char *dir, int plain) {
     Model m;
     model_load(&m, dir);
     const Config *c = &m.cfg;
@@ -677,7 +859,14 @@ static void test_blocks(const char *dir, int plain) {
     RunState s;
     runstate_init(&s, c, 64, ctx);
     GpuModel *g = gpu_load(&m, 1, ctx);
-    gpuk_use_plain(plain); /* after gpu_load, which sets it from GLM_GPU_KERNELS */
+    gpuk_use_plain(plain); /* (gpu_load chose from GLM_GPU_KERNELS) */
+    const Ops saved = ops;
+    if (!plain) {
+        ops.matmul = matmul_mma_ref;
+        ops.matmul_group = matmul_group_mma_ref;
+        ops.mla_attend = mla_attend_mma_ref;
+        ops.moe_experts = moe_experts_mma_ref;
+    }
     const int steps[] = {12, 1, 1, 1, 1, 3};
     float *a = xmalloc((size_t)64 * H * 4), *out = xmalloc((size_t)64 * H * 4);
     int *sel = xmalloc((size_t)64 * K * 4), *nsel = xmalloc(64 * 4);
@@ -713,10 +902,14 @@ static void test_blocks(const char *dir, int plain) {
         pos0 += n;
     }
     char name[300];
-    snprintf(name, sizeof name, "attention%s (all layers, prefill + decode) %s", plain ? ", plain kernels" : "", dir);
-    report(att_worst <= 1e-5 * g_tol && !sel_bad, name, "rel L2 %.3g, %d token selections differ", att_worst, sel_bad);
-    snprintf(name, sizeof name, "mlp / moe%s (all layers, prefill + decode) %s", plain ? ", plain kernels" : "", dir);
-    report(mlp_worst <= 1e-5 * g_tol, name, "rel L2 %.3g", mlp_worst);
+    const double tol = plain ? 1e-5 : BLOCKS_TOL_MMA;
+    const char *kind = plain ? "plain kernels" : "fast kernels, bf16 prefill vs glm.c with bf16 prefill products";
+    snprintf(name, sizeof name, "attention (all layers, prefill + decode, %s) %s", kind, dir);
+    report(att_worst <= tol * g_tol && !sel_bad, name, "rel L2 %.3g, %d token selections differ", att_worst, sel_bad);
+    snprintf(name, sizeof name, "mlp / moe (all layers, prefill + decode, %s) %s", kind, dir);
+    report(mlp_worst <= tol * g_tol, name, "rel L2 %.3g", mlp_worst);
+    if (!plain) printf("NOTE blocks with bf16 prefill %s: attention rel L2 %.3g, mlp %.3g\n", dir, att_worst, mlp_worst);
+    ops = saved;
     gpu_free(g);
     gpuk_use_plain(0);
     free(a); free(out); free(sel); free(nsel);
@@ -805,6 +998,8 @@ int main(int argc, char **argv) {
     if (argc >= 2 && !strcmp(argv[1], "--bench")) return bench(argc > 2 ? argv[2] : NULL);
     if (getenv("GPU_KTEST_TOL")) g_tol = atof(getenv("GPU_KTEST_TOL"));
     test_matmul();
+    test_mma_instr();
+    test_gemm_mma();
     test_embed();
     test_norms_rope();
     test_topk();
@@ -815,8 +1010,8 @@ int main(int argc, char **argv) {
     test_q_absorb();
     test_mla_attend();
     test_ix_scores();
-    for (int i = 1; i < argc; i++) test_blocks(argv[i], 0);
-    if (argc > 1) test_blocks(argv[1], 1); /* the plain kernels, once */
+    for (int i = 1; i < argc; i++) test_blocks_mode(argv[i], 0);
+    if (argc > 1) test_blocks_mode(argv[1], 1); /* the plain kernels, once */
     printf("%d passed, %d failed\n", n_pass, n_fail);
     return n_fail != 0;
 }

@@ -451,15 +451,13 @@ __global__ void __launch_bounds__(BLOCK) k_gemv_experts(const DMat *table, const
     gemv_rows1(W, x + (size_t)(slot / x_div) * ldx, y + (size_t)slot * ldy, 0, nr);
 }
 
-/* One TM x TN tile of y = W · x (rows row0.., tokens tok0.. of n): token t reads x row
- * x_rows[t] / x_div and writes y row y_rows[t] where the maps are given (the grouped
- * experts: a tile of the tokens routed to one expert), rows t otherwise. The sums run over
- * k in order, exactly as glm.c's dot() after mat_dequant_row(). */
-__device__ void gemm_tile(const DMat &W, int r0, int nr, const float *x, int ldx, const int *x_rows, int x_div, float *y, int ldy, const int *y_rows,
-                          int n, int row0, int tok0) {
+__global__ void __launch_bounds__(BLOCK) k_gemm(DMat W, const float *x, int ldx, float *y, int ldy, int r0, int nr, int n, int zr, int zx, int zy) {
     __shared__ float ws[TM][TK + 1];
     __shared__ float xs[TN][TK + 1];
-    const int cols = W.cols;
+    const int z = blockIdx.z, row0 = blockIdx.x * TM, tok0 = blockIdx.y * TN, cols = W.cols;
+    x += (size_t)z * zx;
+    y += (size_t)z * zy;
+    r0 += z * zr;
     const int tr = threadIdx.x % TM, tc = (threadIdx.x / TM) * (TN * TM / BLOCK); /* 8 tokens per thread */
     float acc[TN * TM / BLOCK];
     UNROLL for (int j = 0; j < TN * TM / BLOCK; j++) acc[j] = 0.0f;
@@ -470,8 +468,7 @@ __device__ void gemm_tile(const DMat &W, int r0, int nr, const float *x, int ldx
         }
         for (int i = threadIdx.x; i < TN * TK; i += BLOCK) {
             int t = i / TK, k = i % TK;
-            size_t xr = (size_t)(x_rows ? x_rows[tok0 + t < n ? tok0 + t : 0] / x_div : tok0 + t);
-            xs[t][k] = (tok0 + t < n && k0 + k < cols) ? x[xr * ldx + k0 + k] : 0.0f;
+            xs[t][k] = (tok0 + t < n && k0 + k < cols) ? x[(size_t)(tok0 + t) * ldx + k0 + k] : 0.0f;
         }
         __syncthreads();
         for (int k = 0; k < TK && k0 + k < cols; k++) {
@@ -481,30 +478,9 @@ __device__ void gemm_tile(const DMat &W, int r0, int nr, const float *x, int ldx
         __syncthreads();
     }
     UNROLL for (int j = 0; j < TN * TM / BLOCK; j++)
-        if (row0 + tr < nr && tok0 + tc + j < n) {
-            size_t yr = (size_t)(y_rows ? y_rows[tok0 + tc + j] : tok0 + tc + j);
-            y[yr * ldy + row0 + tr] = acc[j];
-        }
+        if (row0 + tr < nr && tok0 + tc + j < n) y[(size_t)(tok0 + tc + j) * ldy + row0 + tr] = acc[j];
 }
 
-__global__ void __launch_bounds__(BLOCK) k_gemm(DMat W, const float *x, int ldx, float *y, int ldy, int r0, int nr, int n, int zr, int zx, int zy) {
-    const int z = blockIdx.z;
-    gemm_tile(W, r0 + z * zr, nr, x + (size_t)z * zx, ldx, NULL, 1, y + (size_t)z * zy, ldy, NULL, n, blockIdx.x * TM, blockIdx.y * TN);
-}
-
-/* The routed experts of a prefill chunk, grouped (k_moe_group sorted the (token, slot)
- * pairs by expert): block (x, y) is row tile x of tile y of the list, TN pairs of one
- * expert, so each chosen expert's weights are read once per chunk for all its tokens
- * instead of once per token. Pair p is slot pair_slot[p] = token * A + k: its input row is
- * x[slot / x_div] (the token's, x_div = A; or the slot's own, x_div = 1) and its output
- * row y[slot], where k_moe_combine finds it. */
-__global__ void __launch_bounds__(BLOCK) k_gemm_grouped(const DMat *table, const int *tiles, const int *n_tiles, const int *group_end, const int *pair_slot,
-                                                        const float *x, int ldx, int x_div, float *y, int ldy, int nr) {
-    if ((int)blockIdx.y >= *n_tiles) return;
-    const int e = tiles[2 * blockIdx.y], p0 = tiles[2 * blockIdx.y + 1];
-    const int n = group_end[e] - p0 < TN ? group_end[e] - p0 : TN;
-    gemm_tile(table[e], 0, nr, x, ldx, pair_slot + p0, x_div, y, ldy, pair_slot + p0, n, blockIdx.x * TM, 0);
-}
 
 /* ======================================================================== */
 /* 3b. the fast matrix-vector products (decode; up to GEMV_MAXN tokens)     */
@@ -1189,17 +1165,18 @@ __device__ __forceinline__ void mma_store(const MmaLoads &L, int fmt, uint16_t *
     }
 }
 
-/* mma_tile<SKINNY>(W, x, ldx, x_rows, y, ldy, r0, nr, n, row0, tok0): one block's tile of
+/* mma_tile<SKINNY>(W, x, ldx, x_rows, y, ldy, y_rows, r0, nr, n, row0, tok0): one block's tile of
  *     y[t][i] = Σ_k bf16(x[x_rows ? x_rows[t] : t][k]) · bf16(W[r0 + i][k])   (fp32 sums)
  * for rows i in [row0, row0 + BM) ∩ [0, nr) and tokens t in [tok0, tok0 + BN) ∩ [0, n),
  * BM x BN = MmaCfg<SKINNY> (64 x 64, or 32 x 32 for SKINNY). x's rows are ldx floats apart
  * and may be gathered: x_rows (device memory, n entries) names the row of x each token
- * reads, NULL reads row t; y is not gathered: token t's results go to y + t * ldy + i.
+ * reads, NULL reads row t; likewise token t's results go to row y_rows[t] (NULL: t) of y.
  * Every thread of the block must call it (barriers; it uses MmaCfg::SMEM bytes of shared
- * memory). A grouped-expert kernel calls it with one expert's W and x_rows = the tokens
- * routed to that expert. */
+ * memory). The grouped experts (k_gemm_grouped) call it with one expert's W, x_rows = the
+ * tokens routed to that expert and y_rows = their slots. */
 template <bool SKINNY>
-__device__ __forceinline__ void mma_tile(const DMat &W, const float *x, int ldx, const int *x_rows, float *y, int ldy, int r0, int nr, int n, int row0, int tok0) {
+__device__ __forceinline__ void mma_tile(const DMat &W, const float *x, int ldx, const int *x_rows, float *y, int ldy, const int *y_rows, int r0, int nr, int n,
+                                         int row0, int tok0) {
     typedef MmaCfg<SKINNY> C;
     __shared__ __attribute__((aligned(16))) uint16_t smem[C::SMEM / 2];
     const int wid = threadIdx.x / WAVE, wk = wid % C::WGK, wm = wid / C::WGK % C::WGM, wn = wid / C::WGK / C::WGM;
@@ -1236,7 +1213,7 @@ __device__ __forceinline__ void mma_tile(const DMat &W, const float *x, int ldx,
         const int t = e / C::BM, i = e % C::BM;
         float s = res[t * C::CLD + i];
         for (int q = 1; q < C::WGK; q++) s += res[(q * C::BN + t) * C::CLD + i];
-        if (row0 + i < nr && tok0 + t < n) y[(size_t)(tok0 + t) * ldy + row0 + i] = s;
+        if (row0 + i < nr && tok0 + t < n) y[(size_t)(y_rows ? y_rows[tok0 + t] : tok0 + t) * ldy + row0 + i] = s;
     }
 }
 
@@ -1245,7 +1222,7 @@ __device__ __forceinline__ void mma_tile(const DMat &W, const float *x, int ldx,
 template <bool SKINNY>
 __global__ void __launch_bounds__(BLOCK) k_gemm_mma(DMat W, const float *x, int ldx, float *y, int ldy, int r0, int nr, int n, int zr, int zx, int zy) {
     const int z = blockIdx.z;
-    mma_tile<SKINNY>(W, x + (size_t)z * zx, ldx, (const int *)0, y + (size_t)z * zy, ldy, r0 + z * zr, nr, n, blockIdx.x * MmaCfg<SKINNY>::BM,
+    mma_tile<SKINNY>(W, x + (size_t)z * zx, ldx, (const int *)0, y + (size_t)z * zy, ldy, (const int *)0, r0 + z * zr, nr, n, blockIdx.x * MmaCfg<SKINNY>::BM,
                      blockIdx.y * MmaCfg<SKINNY>::BN);
 }
 
@@ -1253,7 +1230,24 @@ __global__ void __launch_bounds__(BLOCK) k_gemm_mma(DMat W, const float *x, int 
  * gather a grouped-expert kernel relies on. */
 template <bool SKINNY>
 __global__ void __launch_bounds__(BLOCK) k_gemm_mma_rows(DMat W, const float *x, int ldx, const int *x_rows, float *y, int ldy, int r0, int nr, int n) {
-    mma_tile<SKINNY>(W, x, ldx, x_rows, y, ldy, r0, nr, n, blockIdx.x * MmaCfg<SKINNY>::BM, blockIdx.y * MmaCfg<SKINNY>::BN);
+    mma_tile<SKINNY>(W, x, ldx, x_rows, y, ldy, (const int *)0, r0, nr, n, blockIdx.x * MmaCfg<SKINNY>::BM, blockIdx.y * MmaCfg<SKINNY>::BN);
+}
+
+/* The routed experts of a prefill chunk, grouped (k_moe_group sorted the (token, slot)
+ * pairs by expert): block (x, y) is row tile x of tile y of the list, up to BN pairs of
+ * one expert, on the matrix cores (mma_tile), so each chosen expert's weights are read
+ * once per chunk for all its tokens instead of once per token. Pair p is slot
+ * pair_slot[p] = token * A + k: its input row is x_rows[p] (pair_tok: the token's, for
+ * gate and up; pair_slot: the slot's own, for down) and its output row y[slot], where
+ * k_moe_combine finds it. */
+__global__ void __launch_bounds__(BLOCK) k_gemm_grouped(const DMat *table, const int *tiles, const int *n_tiles, const int *group_end, const int *x_rows,
+                                                        const int *pair_slot, const float *x, int ldx, float *y, int ldy, int nr) {
+    if ((int)blockIdx.y >= *n_tiles) return;
+    const int e = tiles[2 * blockIdx.y], p0 = tiles[2 * blockIdx.y + 1], BN = MmaCfg<true>::BN;
+    const int n = group_end[e] - p0 < BN ? group_end[e] - p0 : BN;
+    const DMat W = table[e];
+    assume_global(W);
+    mma_tile<true>(W, x, ldx, x_rows + p0, y, ldy, pair_slot + p0, 0, nr, n, blockIdx.x * MmaCfg<true>::BM, 0);
 }
 
 /* Host side: the skinny shape for up to 32 tokens, the square one above. */
@@ -1889,12 +1883,13 @@ __global__ void __launch_bounds__(BLOCK) k_moe_combine(float *y, const float *ex
 
 /* A prefill chunk's (token, slot) pairs grouped by expert, for k_gemm_grouped (one block):
  * group_end[e] = where expert e's pairs end in pair_slot (they start where e-1's end),
- * pair_slot[p] = the slot (token * A + k) of pair p, and the tile list: tile i is
+ * pair_slot[p] = the slot (token * A + k) of pair p, pair_tok[p] its token, and the tile list: tile i is
  * (expert, first pair) of up to `tile` pairs; *n_tiles of them. The order of the pairs
  * within an expert is the order the atomics hand out, which changes no result: each
  * pair's row is computed on its own. */
 #define MOE_MAX_EXPERTS 1024
-__global__ void __launch_bounds__(BLOCK) k_moe_group(const int *idx, int slots, int E, int tile, int *group_end, int *pair_slot, int *tiles, int *n_tiles) {
+__global__ void __launch_bounds__(BLOCK) k_moe_group(const int *idx, int slots, int A, int E, int tile, int *group_end, int *pair_slot, int *pair_tok,
+                                                     int *tiles, int *n_tiles) {
     __shared__ int count[MOE_MAX_EXPERTS], next[MOE_MAX_EXPERTS];
     for (int e = threadIdx.x; e < E; e += blockDim.x) count[e] = 0;
     __syncthreads();
@@ -1911,7 +1906,11 @@ __global__ void __launch_bounds__(BLOCK) k_moe_group(const int *idx, int slots, 
         *n_tiles = nt;
     }
     __syncthreads();
-    for (int s = threadIdx.x; s < slots; s += blockDim.x) pair_slot[atomicAdd(&next[idx[s]], 1)] = s;
+    for (int s = threadIdx.x; s < slots; s += blockDim.x) {
+        const int p = atomicAdd(&next[idx[s]], 1);
+        pair_slot[p] = s;
+        pair_tok[p] = s / A;
+    }
 }
 
 /* ======================================================================== */
@@ -2286,7 +2285,7 @@ struct GDev {            /* one device: its layer range, weights, cache and a Ru
     float *mla_part, *mla_ml; /* k_mla_attend_split's slices: [rows][NH][KR] sums, [rows][NH] (max, sum) */
     float *eh;           /* [cap][2H] the MTP layer's input (last device, with an MTP layer) */
     int *sel, *n_sel, *ex_idx, *tokens;
-    int *grp_end, *grp_slot, *grp_tiles, *grp_n; /* k_moe_group's: [E], [cap][A], [2][tiles], [1] */
+    int *grp_end, *grp_slot, *grp_tok, *grp_tiles, *grp_n; /* k_moe_group's: [E], [cap][A] x2, [2][tiles], [1] */
     SampleBufs samp;     /* the sampler's buffers (last device) */
     float *split_part;   /* [split_part_floats] the split products' partial sums (k_gemv_fast) */
     unsigned *split_count; /* [GF_COUNTS] their arrival counters, kept at 0 between launches */
@@ -2444,8 +2443,8 @@ static int mla_fast(const Config *c) { return c->n_heads <= MLA_HEADS && c->kv_l
 static int ix_fast(const Config *c) { return c->index_n_heads <= IX_HEADS && c->index_head_dim <= IX_DIM; }
 
 /* The most tiles k_moe_group can list for a chunk of n tokens: every expert's pairs in
- * TN-pair tiles, the last one of each partly full. */
-static int grouped_tiles(const Config *c, int n) { return (n * c->n_active + TN - 1) / TN + c->n_experts; }
+ * tiles of BN (k_gemm_grouped's mma_tile<true>), the last one of each partly full. */
+static int grouped_tiles(const Config *c, int n) { return (n * c->n_active + MmaCfg<true>::BN - 1) / MmaCfg<true>::BN + c->n_experts; }
 
 /* Scratch of one device for chunks of up to g->cap tokens (glm.c runstate_init). */
 static void take_scratch(GpuModel *g, GDev *D, int last) {
@@ -2489,6 +2488,7 @@ static void take_scratch(GpuModel *g, GDev *D, int last) {
     D->ex_y = (float *)arena_take(A, B * c->n_active * c->hidden * F);
     D->grp_end = (int *)arena_take(A, (size_t)c->n_experts * sizeof(int));
     D->grp_slot = (int *)arena_take(A, B * c->n_active * sizeof(int));
+    D->grp_tok = (int *)arena_take(A, B * c->n_active * sizeof(int));
     D->grp_tiles = (int *)arena_take(A, 2 * grouped_tiles(c, (int)B) * sizeof(int));
     D->grp_n = (int *)arena_take(A, sizeof(int));
     D->tokens = (int *)arena_take(A, B * sizeof(int));
@@ -2975,12 +2975,14 @@ static void moe(GpuModel *g, GDev *D, const GLayer *L, const float *x, float *y,
     const unsigned slots = (unsigned)(n * A);
     if (n > GEMV_MAXN && !g_plain_kernels) { /* prefill: each chosen expert once, over all its tokens */
         const unsigned tiles = (unsigned)grouped_tiles(c, n);
-        LAUNCHED(k_moe_group, dim3(1), dim3(BLOCK), 0, 0, (const int *)D->ex_idx, (int)slots, c->n_experts, TN, D->grp_end, D->grp_slot, D->grp_tiles, D->grp_n);
-        const int *T = D->grp_tiles, *nt = D->grp_n, *end = D->grp_end, *ps = D->grp_slot;
-        LAUNCHED(k_gemm_grouped, dim3((FI + TM - 1) / TM, tiles), dim3(BLOCK), 0, 0, (const DMat *)L->ex_gate, T, nt, end, ps, x, H, A, D->eh1, FI, FI);
-        LAUNCHED(k_gemm_grouped, dim3((FI + TM - 1) / TM, tiles), dim3(BLOCK), 0, 0, (const DMat *)L->ex_up, T, nt, end, ps, x, H, A, D->eh2, FI, FI);
+        const int BN = MmaCfg<true>::BN, BM = MmaCfg<true>::BM;
+        LAUNCHED(k_moe_group, dim3(1), dim3(BLOCK), 0, 0, (const int *)D->ex_idx, (int)slots, A, c->n_experts, BN, D->grp_end, D->grp_slot, D->grp_tok, D->grp_tiles,
+                 D->grp_n);
+        const int *T = D->grp_tiles, *nt = D->grp_n, *end = D->grp_end, *ps = D->grp_slot, *pt = D->grp_tok;
+        LAUNCHED(k_gemm_grouped, dim3((FI + BM - 1) / BM, tiles), dim3(BLOCK), 0, 0, (const DMat *)L->ex_gate, T, nt, end, pt, ps, x, H, D->eh1, FI, FI);
+        LAUNCHED(k_gemm_grouped, dim3((FI + BM - 1) / BM, tiles), dim3(BLOCK), 0, 0, (const DMat *)L->ex_up, T, nt, end, pt, ps, x, H, D->eh2, FI, FI);
         LAUNCHED(k_silu_mul, dim3(blocks_for((size_t)slots * FI)), dim3(BLOCK), 0, 0, D->eh1, (const float *)D->eh2, (size_t)slots * FI);
-        LAUNCHED(k_gemm_grouped, dim3((H + TM - 1) / TM, tiles), dim3(BLOCK), 0, 0, (const DMat *)L->ex_down, T, nt, end, ps, (const float *)D->eh1, FI, 1, D->ex_y,
+        LAUNCHED(k_gemm_grouped, dim3((H + BM - 1) / BM, tiles), dim3(BLOCK), 0, 0, (const DMat *)L->ex_down, T, nt, end, ps, ps, (const float *)D->eh1, FI, D->ex_y,
                  H, H);
     } else { /* decode: one product per (token, slot) */
         experts(L->ex_gate, L->ex_fmt[0], D->ex_idx, x, H, A, D->eh1, FI, FI, slots);

@@ -298,7 +298,6 @@ __device__ void gemv_rows1(const DMat &W, const float *x, float *y, int r0, int 
     for (int i = threadIdx.x; i < 16 * 32; i += blockDim.x) e2m1_lut[i / 32][i % 32] = e2m1_f32(i / 32);
     __syncthreads();
     const float *lut = &e2m1_lut[0][threadIdx.x % 32];
-    (void)lut; /* unused by the hardware-conversion build (GLM_FP4_CVT) */
     const int end = (int)((blockIdx.x + 1) * GEMV_ROWS) < nr ? (int)((blockIdx.x + 1) * GEMV_ROWS) : nr;
     for (int i0 = blockIdx.x * GEMV_ROWS + (threadIdx.x / WAVE) * GEMV_GROUP; i0 < end; i0 += nw * GEMV_GROUP) {
         const int nrow = end - i0 < GEMV_GROUP ? end - i0 : GEMV_GROUP;
@@ -313,21 +312,7 @@ __device__ void gemv_rows1(const DMat &W, const float *x, float *y, int r0, int 
                     uint4 q = ((const uint4 *)(W.w + r * (cols / 2)))[b];
                     uint32_t word[4] = {q.x, q.y, q.z, q.w};
                     float s = e8m0_f32(W.mx_scale[r * (cols / 32) + b]), part = 0.0f;
-#if defined(GLM_FP4_CVT) && defined(__gfx950__)
-                    /* opt-in (-DGLM_FP4_CVT, MI355X): the hardware converts two nibbles per
-                     * instruction (scale 1, so the sum is the same as below). Compiled in CI,
-                     * never run: which nibble lands in .x is unverified (docs/FORMATS.md §6.6). */
-                    typedef float f32x2 __attribute__((ext_vector_type(2)));
-                    UNROLL for (int k = 0; k < 4; k++) {
-                        f32x2 p0 = __builtin_amdgcn_cvt_scalef32_pk_f32_fp4(word[k], 1.0f, 0), p1 = __builtin_amdgcn_cvt_scalef32_pk_f32_fp4(word[k], 1.0f, 1);
-                        f32x2 p2 = __builtin_amdgcn_cvt_scalef32_pk_f32_fp4(word[k], 1.0f, 2), p3 = __builtin_amdgcn_cvt_scalef32_pk_f32_fp4(word[k], 1.0f, 3);
-                        const float *xk = xb + 8 * k;
-                        part += p0.x * xk[0]; part += p0.y * xk[1]; part += p1.x * xk[2]; part += p1.y * xk[3];
-                        part += p2.x * xk[4]; part += p2.y * xk[5]; part += p3.x * xk[6]; part += p3.y * xk[7];
-                    }
-#else
                     UNROLL for (int k = 0; k < 32; k++) part += lut[32 * ((word[k / 8] >> (4 * (k % 8))) & 15)] * xb[k];
-#endif
                     acc[j] += part * s;
                 }
             }

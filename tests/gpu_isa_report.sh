@@ -17,8 +17,7 @@
 #                                      path, which is the v6 layout of the implicit arguments
 # and the ROCm 5.2 headers' __syncthreads calls __atomic_work_item_fence, which lives in
 # hip.bc (linked with -mlink-builtin-bitcode; ROCm 6 headers use the builtin directly).
-# gfx950 is built as make hip builds it (no -DGLM_FP4_CVT) and, for the GEMV loops, a second
-# time with the opt-in hardware FP4 conversion.
+# Each is built as make hip builds it (the fast kernels use gfx950's conversions there).
 #
 # Per kernel (one table per target), from the code object metadata in the .s: VGPRs, AGPRs,
 # SGPRs, SGPR/VGPR spills, scratch bytes (private segment), static LDS bytes, and waves per
@@ -92,7 +91,7 @@ if const_bc oclc_isa_version_942 __oclc_ISA_version 9402 && const_bc oclc_isa_ve
 else bad "device libraries" "could not generate the oclc constants in $LIB"; finish; fi
 
 # one build per target: NAME ARCH EXTRA-FLAGS
-builds=("gfx942 gfx942" "gfx950 gfx950" "gfx950+fp4cvt gfx950 -DGLM_FP4_CVT")
+builds=("gfx942 gfx942" "gfx950 gfx950")
 asm=()
 for b in "${builds[@]}"; do
     set -- $b; name=$1; arch=$2; shift 2
@@ -322,9 +321,8 @@ for arg in sys.argv[1:]:
     results.append((target, rows, fails, loops, len(kernels), checked))
 
 for target, rows, fails, loops, n, checked in results:
-    if not target.endswith("fp4cvt"):
-        print(f"### {target}: {n} kernels\n")
-        print(table(rows, ["kernel", "VGPRs", "AGPRs", "SGPRs", "spills s/v", "scratch B", "LDS B", "waves/SIMD"]) + "\n")
+    print(f"### {target}: {n} kernels\n")
+    print(table(rows, ["kernel", "VGPRs", "AGPRs", "SGPRs", "spills s/v", "scratch B", "LDS B", "waves/SIMD"]) + "\n")
     print(f"### {target}: GEMV hot loops, per iteration (one wave)\n")
     print(table(loops, ["kernel", "loop", "format", "global loads / lane", "VALU", "mem v/lds/s", "waits", "SALU",
                         "total", "weight B", "instr / 4 KB", "VALU / 4 KB"]) + "\n")

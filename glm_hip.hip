@@ -1395,53 +1395,63 @@ __global__ void __launch_bounds__(BLOCK) k_ix_scores(float *scores, int ld, cons
 }
 
 #define IX_KEYS 32       /* keys per block of k_ix_scores_tiled */
+#define IX_TOKENS 8      /* tokens per block of it: each key tile is read once for all of them (a chunk: a GEMM's tiling) */
 #define IX_HEADS 32      /* the most indexer heads it holds (GLM-5.2: 32) */
 #define IX_DIM 128       /* the widest indexer head it holds (GLM-5.2: 128) */
 
-/* The same scores as k_ix_scores, each key read from memory once for all heads. Grid
- * (key tiles of IX_KEYS, tokens): the block stages the token's queries q [IH][ID] and
- * its tile's keys (consecutive cache rows: coalesced) in shared memory. Thread (key
+/* The same scores as k_ix_scores, each key read from memory once for all heads and for
+ * IX_TOKENS tokens of a chunk (tiled over keys and tokens, as a GEMM of the queries by the
+ * keys with a ReLU-weighted sum over heads as its epilogue). Grid (key tiles of IX_KEYS,
+ * token groups of IX_TOKENS): the block stages its tile's keys (consecutive cache rows:
+ * coalesced) once, then each token's queries q [IH][ID], in shared memory. Thread (key
  * j = tid % 32, head group g = tid / 32) computes q_h · k_j for the heads h = g, g+8, ...
  * over the dims in order (32 lanes share g, so q reads are broadcasts); the
  * weighted ReLU terms go to shared memory and are added over h = 0..IH-1 in order, so a
  * score has k_ix_scores' operations in k_ix_scores' order. Long contexts give many blocks. */
-__global__ void __launch_bounds__(BLOCK) k_ix_scores_tiled(float *scores, int ld, const float *ix_q, const float *ix_w, const float *cache, int IH, int ID, int K, int pos0) {
+__global__ void __launch_bounds__(BLOCK) k_ix_scores_tiled(float *scores, int ld, const float *ix_q, const float *ix_w, const float *cache, int IH, int ID, int K, int pos0,
+                                                           int n) {
     __shared__ float q_s[IX_HEADS * IX_DIM];
     __shared__ float k_s[IX_KEYS][IX_DIM + 1]; /* +1: the lanes of a wave read 32 different rows */
     __shared__ float term[IX_HEADS][IX_KEYS + 1];
-    const int t = blockIdx.y, visible = pos0 + t + 1, j0 = blockIdx.x * IX_KEYS;
-    if (visible <= K || j0 >= visible) return; /* the whole block: no barrier is skipped */
+    const int t0 = blockIdx.y * IX_TOKENS, j0 = blockIdx.x * IX_KEYS;
+    const int t_end = t0 + IX_TOKENS < n ? t0 + IX_TOKENS : n, seen = pos0 + t_end; /* the group's last token sees the most keys */
+    if (seen <= K || j0 >= seen) return; /* the whole block: no barrier is skipped */
     const float q_scale = 1.0f / sqrtf((float)ID), w_scale = 1.0f / sqrtf((float)IH);
-    const float *q = ix_q + (size_t)t * IH * ID, *w = ix_w + (size_t)t * IH;
-    for (int e = threadIdx.x; e < IH * ID; e += BLOCK) q_s[e] = q[e];
-    for (int e = threadIdx.x; e < IX_KEYS * ID; e += BLOCK) {
+    for (int e = threadIdx.x; e < IX_KEYS * ID; e += BLOCK) { /* the key tile, once for the group's tokens */
         int k = e / ID, i = e % ID;
-        k_s[k][i] = j0 + k < visible ? cache[(size_t)(j0 + k) * ID + i] : 0.0f;
+        k_s[k][i] = j0 + k < seen ? cache[(size_t)(j0 + k) * ID + i] : 0.0f;
     }
-    __syncthreads();
     const int jl = threadIdx.x % IX_KEYS, g = threadIdx.x / IX_KEYS;
     constexpr int GROUPS = BLOCK / IX_KEYS, PER = IX_HEADS / GROUPS;
-    float d[PER];
-    UNROLL for (int a = 0; a < PER; a++) d[a] = 0.0f;
-    for (int i = 0; i < ID; i++) {
-        float kv = k_s[jl][i];
+    for (int t = t0; t < t_end; t++) {
+        const int visible = pos0 + t + 1;
+        if (visible <= K || j0 >= visible) continue; /* uniform: t is the block's */
+        const float *q = ix_q + (size_t)t * IH * ID, *w = ix_w + (size_t)t * IH;
+        __syncthreads(); /* the previous token's q and terms are read */
+        for (int e = threadIdx.x; e < IH * ID; e += BLOCK) q_s[e] = q[e];
+        __syncthreads();
+        float d[PER];
+        UNROLL for (int a = 0; a < PER; a++) d[a] = 0.0f;
+        for (int i = 0; i < ID; i++) {
+            float kv = k_s[jl][i];
+            UNROLL for (int a = 0; a < PER; a++) {
+                int h = g + GROUPS * a;
+                if (h < IH) d[a] += q_s[h * ID + i] * kv;
+            }
+        }
         UNROLL for (int a = 0; a < PER; a++) {
             int h = g + GROUPS * a;
-            if (h < IH) d[a] += q_s[h * ID + i] * kv;
+            if (h < IH) {
+                float dd = d[a] * q_scale;
+                term[h][jl] = (w[h] * w_scale) * (dd > 0.0f ? dd : 0.0f);
+            }
         }
-    }
-    UNROLL for (int a = 0; a < PER; a++) {
-        int h = g + GROUPS * a;
-        if (h < IH) {
-            float dd = d[a] * q_scale;
-            term[h][jl] = (w[h] * w_scale) * (dd > 0.0f ? dd : 0.0f);
+        __syncthreads();
+        if (threadIdx.x < IX_KEYS && j0 + (int)threadIdx.x < visible) {
+            float sum = 0.0f;
+            for (int h = 0; h < IH; h++) sum += term[h][threadIdx.x];
+            scores[(size_t)t * ld + j0 + threadIdx.x] = sum;
         }
-    }
-    __syncthreads();
-    if (threadIdx.x < IX_KEYS && j0 + (int)threadIdx.x < visible) {
-        float sum = 0.0f;
-        for (int h = 0; h < IH; h++) sum += term[h][threadIdx.x];
-        scores[(size_t)t * ld + j0 + threadIdx.x] = sum;
     }
 }
 
@@ -2841,8 +2851,8 @@ static void indexer_select(GpuModel *g, GDev *D, const GLayer *L, int n, int pos
            (const float *)D->rope);
     int vmax = pos0 + n;
     if (vmax > K && !g_plain_kernels && ix_fast(c))
-        LAUNCHED(k_ix_scores_tiled, dim3((vmax + IX_KEYS - 1) / IX_KEYS, n), dim3(BLOCK), 0, 0, D->ix_scores, g->ctx, (const float *)D->ix_q, (const float *)D->ix_w,
-                 (const float *)L->index_k, IH, ID, K, pos0);
+        LAUNCHED(k_ix_scores_tiled, dim3((vmax + IX_KEYS - 1) / IX_KEYS, (n + IX_TOKENS - 1) / IX_TOKENS), dim3(BLOCK), 0, 0, D->ix_scores, g->ctx, (const float *)D->ix_q,
+                 (const float *)D->ix_w, (const float *)L->index_k, IH, ID, K, pos0, n);
     else if (vmax > K)
         LAUNCHED(k_ix_scores, dim3((vmax + BLOCK - 1) / BLOCK, n), dim3(BLOCK), 0, 0, D->ix_scores, g->ctx, (const float *)D->ix_q, (const float *)D->ix_w,
                (const float *)L->index_k, IH, ID, K, pos0);
@@ -3381,7 +3391,8 @@ extern "C" void gpuk_ix_scores(float *scores, const float *ix_q, const float *ix
     float *dsc = (float *)dev_copy(NULL, (size_t)n * T * 4);
     CHECK(hipMemset(dsc, 0xff, (size_t)n * T * 4));
     if (!g_plain_kernels && ix_fast(c))
-        LAUNCHED(k_ix_scores_tiled, dim3((vmax + IX_KEYS - 1) / IX_KEYS, n), dim3(BLOCK), 0, 0, dsc, T, (const float *)dq, (const float *)dw, (const float *)dk, IH, ID, K, pos0);
+        LAUNCHED(k_ix_scores_tiled, dim3((vmax + IX_KEYS - 1) / IX_KEYS, (n + IX_TOKENS - 1) / IX_TOKENS), dim3(BLOCK), 0, 0, dsc, T, (const float *)dq, (const float *)dw,
+                 (const float *)dk, IH, ID, K, pos0, n);
     else
         LAUNCHED(k_ix_scores, dim3((vmax + BLOCK - 1) / BLOCK, n), dim3(BLOCK), 0, 0, dsc, T, (const float *)dq, (const float *)dw, (const float *)dk, IH, ID, K, pos0);
     host_copy(scores, dsc, (size_t)n * T * 4);

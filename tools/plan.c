@@ -64,6 +64,7 @@ static double mat(const Mat *W) { return (double)W->bytes; }
  * SiLU and down of the routed experts, the combine). Kept in step with the code by the
  * emulation's test. */
 #define MLA_KEYS 64 /* glm_hip.hip: keys per tile of k_mla_attend_split, the shortest slice */
+#define IX_TOKENS 8 /* glm_hip.hip: tokens per block of k_ix_scores_tiled */
 
 static void plan_launches(const Config *c, const Layer *L, int full, int dense, int pos, int *out) {
     const int n_sel = pos + 1 < c->index_topk ? pos + 1 : c->index_topk;
@@ -188,7 +189,7 @@ static ChunkCost chunk_cost(const Model *m, int pos0, int n) {
             k.weight_bytes += mat(&L->ix_wq_b) + mat(&L->ix_wk) + mat(&L->ix_weights);
             k.flops += 2.0 * n * (elems(&L->ix_wq_b) + elems(&L->ix_wk) + elems(&L->ix_weights));
             k.flops += 2.0 * c->index_n_heads * c->index_head_dim * vis; /* every visible key scored */
-            k.cache_bytes += vis * c->index_head_dim * 4;
+            k.cache_bytes += vis * c->index_head_dim * 4 / IX_TOKENS; /* a key tile serves IX_TOKENS tokens */
         }
         if (L->dense) {
             k.weight_bytes += mat(&L->gate) + mat(&L->up) + mat(&L->down);

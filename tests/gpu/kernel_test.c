@@ -767,7 +767,9 @@ static void test_mla_attend(void) {
  * they give against topk_select of glm.c's scores: GLM-5.2's 32 heads x 128 and the tiny
  * checkpoints' 4 x 32; a chunk where some tokens still see <= index_topk keys (no scores). */
 static void test_ix_scores(void) {
-    const int cases[][5] = {{32, 128, 64, 250, 3}, {32, 128, 2048, 2100, 2}, {4, 32, 8, 5, 6}, {8, 64, 64, 60, 7}}; /* IH, ID, K, pos0, n */
+    /* IH, ID, K, pos0, n: n past the fast kernel's 8-token groups too, and a group whose first
+     * tokens still see <= K keys (no scores) while its last ones do */
+    const int cases[][5] = {{32, 128, 64, 250, 3}, {32, 128, 2048, 2100, 2}, {4, 32, 8, 5, 6}, {8, 64, 64, 60, 7}, {8, 64, 64, 50, 27}};
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
         const int IH = cases[ci][0], ID = cases[ci][1], K = cases[ci][2], pos0 = cases[ci][3], n = cases[ci][4], T = pos0 + n + 3;
         Config c;

@@ -66,7 +66,7 @@ static double mat(const Mat *W) { return (double)W->bytes; }
 #define MLA_KEYS 64 /* glm_hip.hip: keys per tile of k_mla_attend_split, the shortest slice */
 #define IX_TOKENS 8 /* glm_hip.hip: tokens per block of k_ix_scores_tiled */
 
-static void plan_launches(const Config *c, const Layer *L, int full, int dense, int pos, int *out) {
+static void plan_launches(const Config *c, const Layer *L, int full, int dense, int pos, int decode, int *out) {
     const int n_sel = pos + 1 < c->index_topk ? pos + 1 : c->index_topk;
     out[K_SMALL] += 2;                      /* (add +) rmsnorm, add + rmsnorm */
     out[K_ATTN_PROJ] += 5;                  /* q_a, q_b, kv_a, un-absorb (kv_b), o */
@@ -78,7 +78,7 @@ static void plan_launches(const Config *c, const Layer *L, int full, int dense, 
         out[K_INDEXER] += 3 + (pos + 1 > c->index_topk); /* wq_b, wk, weights, scores */
         out[K_SMALL] += 3;                  /* rope, key, top-k */
     }
-    if (gpu_mlp_fused(c, L, NULL, NULL)) { /* k_mlp_gate_up, k_mlp_down (a MoE layer: + router, routing) */
+    if (decode && gpu_mlp_fused(c, L, NULL, NULL)) { /* k_mlp_gate_up, k_mlp_down (a MoE layer: + router, routing) */
         if (dense) out[K_DENSE] += 2;
         else { out[K_MOE_SHARED] += 1; out[K_SMALL] += 1; out[K_EXPERTS] += 2; }
     } else if (dense) { out[K_DENSE] += 3; out[K_SMALL] += 1; }
@@ -116,7 +116,7 @@ static StepCost step_cost(const Model *m, int pos, int n_tok) {
             s.bytes[K_MOE_SHARED] += mat(&L->router) + mat(&L->sh_gate) + mat(&L->sh_up) + mat(&L->sh_down);
             s.bytes[K_EXPERTS] += distinct * ex / c->n_experts;
         }
-        plan_launches(c, L, L->has_indexer, L->dense, pos + n_tok - 1, s.launches);
+        plan_launches(c, L, L->has_indexer, L->dense, pos + n_tok - 1, n_tok <= 8, s.launches);
     }
     return s;
 }
@@ -134,7 +134,7 @@ static StepCost draft_cost(const Model *m) {
     s.bytes[K_EXPERTS] = c->n_active * ex / c->n_experts + mat(&L->router) + mat(&L->sh_gate) + mat(&L->sh_up) + mat(&L->sh_down);
     s.bytes[K_EMBED_HEAD] = mat(&m->lm_head) + mat(&m->embed) / m->embed.rows;
     s.launches[K_SMALL] = 6;                /* embed, two norms, eh_proj, the residual add, head norm */
-    plan_launches(c, L, 1, 0, 0, s.launches);
+    plan_launches(c, L, 1, 0, 0, 1, s.launches);
     s.launches[K_EMBED_HEAD] = 1;
     return s;
 }
@@ -205,8 +205,8 @@ static ChunkCost chunk_cost(const Model *m, int pos0, int n) {
             k.flops += 2.0 * n * (elems(&L->router) + elems(&L->sh_gate) + elems(&L->sh_up) + elems(&L->sh_down) + A * exe / E);
         }
         int lc[K_N] = {0};
-        plan_launches(c, L, L->has_indexer, L->dense, pos0 + n - 1, lc);
-        k.launches += total_i(lc, K_N) + (L->dense ? 0 : 1); /* + k_moe_group (a decode step's count otherwise: close enough) */
+        plan_launches(c, L, L->has_indexer, L->dense, pos0 + n - 1, 0, lc);
+        k.launches += total_i(lc, K_N) + (L->dense ? 0 : 1); /* + k_moe_group (the grouped experts replace the per-slot products one for one) */
     }
     k.weight_bytes += n * mat(&m->embed) / m->embed.rows + mat(&m->lm_head);
     k.flops += 2.0 * elems(&m->lm_head);

@@ -2223,7 +2223,7 @@ static bool gemv_fast_ok(int fmt, int cols) {
 /* Per device: where the split products keep their partial sums (the device's scratch,
  * or for the kernel tests an allocation of their own), and its compute units. */
 #define GF_COUNTS 1024 /* row ranges x z of one split product (it is split only below 2 blocks per CU) */
-static struct { float *part; unsigned *count; size_t part_cap; int cus; } g_split[GPU_MAX_DEVICES];
+static struct { float *part; unsigned *count; size_t part_cap; int cus; } g_split[GPU_MAX_DEVICES]; /* cus: device_cus's cache */
 
 /* A device's compute units (cached). */
 static int device_cus(int dev) {
@@ -2296,7 +2296,6 @@ struct GpuModel {
     const Model *m;
     Config c;
     int n_dev, ctx, pos, cap;
-    int cus;             /* compute units of device 0: how many workgroups fill it */
     GDev dev[GPU_MAX_DEVICES];
     GLayer *layers;
     DMat embed, lm_head;
@@ -2462,7 +2461,7 @@ static void take_scratch(GpuModel *g, GDev *D, int last) {
     D->att_scores = (float *)arena_take(A, B * c->n_heads * K * F);
     size_t slice_rows = 0; /* the most (token, slice) pairs of a chunk, for any selection up to K */
     for (int n = 1; n <= g->cap; n++) {
-        int S = mla_slice_target(g->cus, n, K);
+        int S = mla_slice_target(device_cus(D->id), n, K);
         if (S > 1 && (size_t)n * S > slice_rows) slice_rows = (size_t)n * S;
     }
     D->mla_part = (float *)arena_take(A, slice_rows * c->n_heads * c->kv_lora_rank * F);
@@ -2648,11 +2647,6 @@ extern "C" GpuModel *gpu_load(const Model *m, int n_gpus, int ctx) {
     const Config *c = &g->c;
     g->layers = (GLayer *)calloc((size_t)c->n_layers, sizeof(GLayer));
     if (!g->layers) glm_fatal("out of memory");
-    {
-        hipDeviceProp_t prop;
-        CHECK(hipGetDeviceProperties(&prop, 0));
-        g->cus = imax(prop.multiProcessorCount, 1);
-    }
 
     /* measure: every piece through a counting arena (a layer: its weights and its KV cache rows) */
     size_t *lb = (size_t *)calloc((size_t)c->n_layers, sizeof(size_t));
@@ -2895,7 +2889,7 @@ static void mla_attend_absorbed(GpuModel *g, GDev *D, const GLayer *L, int n, in
     const Config *c = &g->c;
     const int NH = c->n_heads, DN = c->qk_nope, DV = c->v_head, KR = c->kv_lora_rank, K = c->index_topk;
     q_absorb(c, D->q_abs, D->q, L->kv_b, n);
-    attend_selected(c, g->cus, D->o_lat, D->mla_part, D->mla_ml, D->att_scores, D->q_abs, L->latent, D->sel, D->n_sel, n, pos0 + n < K ? pos0 + n : K, 0);
+    attend_selected(c, device_cus(D->id), D->o_lat, D->mla_part, D->mla_ml, D->att_scores, D->q_abs, L->latent, D->sel, D->n_sel, n, pos0 + n < K ? pos0 + n : K, 0);
     /* un-absorb: o_heads[t][h] = W_UV[h] · o_lat[t][h], all heads in one launch */
     matmul_rows(D->o_heads, NH * DV, D->o_lat, NH * KR, L->kv_b, DN, DV, n, NH, DN + DV, KR, DV);
 }

@@ -3442,6 +3442,30 @@ extern "C" double gpuk_time_gemv(const Mat *W, int iters) {
     return ms / 1e3 / iters;
 }
 
+/* Times the prefill product of n tokens (matmul_rows: the matrix cores unless
+ * GLM_GPU_KERNELS=plain) for tests/gpu_check.sh: seconds per call over `iters` calls. */
+extern "C" double gpuk_time_gemm(const Mat *W, int n, int iters) {
+    CHECK(hipSetDevice(0));
+    DMat d = dev_mat(W);
+    float *dx = (float *)dev_copy(NULL, (size_t)n * W->cols * 4), *dy = (float *)dev_copy(NULL, (size_t)n * W->rows * 4);
+    CHECK(hipMemset(dx, 0, (size_t)n * W->cols * 4));
+    matmul(dy, dx, d, n);
+    hipEvent_t e0, e1;
+    CHECK(hipEventCreate(&e0));
+    CHECK(hipEventCreate(&e1));
+    CHECK(hipEventRecord(e0, 0));
+    for (int i = 0; i < iters; i++) matmul(dy, dx, d, n);
+    CHECK(hipEventRecord(e1, 0));
+    CHECK(hipEventSynchronize(e1));
+    float ms;
+    CHECK(hipEventElapsedTime(&ms, e0, e1));
+    CHECK(hipGetLastError());
+    dev_mat_free(&d); dfree(dx); dfree(dy);
+    CHECK(hipEventDestroy(e0));
+    CHECK(hipEventDestroy(e1));
+    return ms / 1e3 / iters;
+}
+
 /* Device-to-device copy bandwidth (bytes read + written per second) of `bytes`. */
 extern "C" double gpuk_copy_bandwidth(size_t bytes, int iters) {
     CHECK(hipSetDevice(0));

@@ -60,6 +60,16 @@ if ! make -s -j"$(nproc)" glm glm_emu64 glm_emu32 build/gpu_ktest64 build/gpu_kt
 fi
 grep -qi "warning" "$OUT/build.log" && bad "emulation build is warning-free" "$(grep -i warning "$OUT/build.log" | head -n 3)"
 
+# --- compile checks for the real targets, beside the emulated tests (they use one core, the
+# emulation the others; they build only in build/hip-*, build/cuda-* and build/isa_report, and the
+# shared C objects are already built above); counted at the end ------------------------------------
+# (not repeated in the sanitizer pass of make test-asan: they do not involve the CPU build)
+cc_pid=
+if [ -z "${SAN:-}" ]; then
+    ( bash tests/gpu_compile_check.sh >"$OUT/compile.log" 2>&1; bash tests/gpu_isa_report.sh >"$OUT/isa_report.log" 2>&1 ) &
+    cc_pid=$!
+fi
+
 # --- the tiny checkpoints -------------------------------------------------------------------
 MODELS="bf16 fp8 mxfp4 mixed ngroup"
 for v in bf16 fp8 mxfp4 mixed; do $PY tests/make_tiny.py "$OUT/$v" --variant $v --seed 21 >/dev/null || bad "make_tiny $v" "generator failed"; done
@@ -284,13 +294,11 @@ if [ $rc -eq 1 ] && [ "$(grep -c 'glm: error:' "$OUT/err_alloc")" -eq 1 ] && gre
     ok "GLM_EMU_MAX_ALLOC below a layer: the plan, then one error line naming the device, layer 2 and the bytes, exit 1"
 else bad "GLM_EMU_MAX_ALLOC below a layer" "rc $rc: $(grep -v '^  device' "$OUT/err_alloc" | tail -n 2 | tr '\n' ' ')"; fi
 
-# --- compile checks for the real targets -------------------------------------------------------------
-# (not repeated in the sanitizer pass of make test-asan: they do not involve the CPU build)
-if [ -n "${SAN:-}" ]; then echo "NOTE compile checks: run by the plain pass (make test), not under SAN=1"
+# --- the compile checks started above -----------------------------------------------------------------
+if [ -z "$cc_pid" ]; then echo "NOTE compile checks: run by the plain pass (make test), not under SAN=1"
 else
-    bash tests/gpu_compile_check.sh >"$OUT/compile.log" 2>&1
+    wait "$cc_pid"
     count "$OUT/compile.log" "compile checks"
-    bash tests/gpu_isa_report.sh >"$OUT/isa_report.log" 2>&1
     count "$OUT/isa_report.log" "ISA report"
 fi
 

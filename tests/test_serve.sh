@@ -30,7 +30,7 @@
 #   0 within 5 s; the same under load; SIGINT on an idle server with an idle connection and half
 #   a request open the same.
 # Ends with "N passed, N failed"; exits non-zero on any failure. Takes ~45 s on 2 cores
-# (SAN=1, ./glm_asan: ~70 s); the logs are left in tests/out/serve/.
+# (SAN=1, ./glm_asan: ~170 s, most of it the load group); the logs are left in tests/out/serve/
 export GLM_PRECISION="${GLM_PRECISION:-fp32}"
 set -u
 cd "$(dirname "$0")/.." || exit 1

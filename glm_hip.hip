@@ -1218,21 +1218,23 @@ __global__ void __launch_bounds__(BLOCK) k_gemm_mma_rows(DMat W, const float *x,
     mma_tile<SKINNY>(W, x, ldx, x_rows, y, ldy, (const int *)0, r0, nr, n, blockIdx.x * MmaCfg<SKINNY>::BM, blockIdx.y * MmaCfg<SKINNY>::BN);
 }
 
-/* The routed experts of a prefill chunk, grouped (k_moe_group sorted the (token, slot)
- * pairs by expert): block (x, y) is row tile x of tile y of the list, up to BN pairs of
- * one expert, on the matrix cores (mma_tile), so each chosen expert's weights are read
- * once per chunk for all its tokens instead of once per token. Pair p is slot
- * pair_slot[p] = token * A + k: its input row is x_rows[p] (pair_tok: the token's, for
- * gate and up; pair_slot: the slot's own, for down) and its output row y[slot], where
+/* The experts of a prefill chunk, grouped (k_moe_group sorted the (token, slot) pairs by
+ * expert, the shared expert as expert E over every token): block (x, y, z) is row tile x
+ * of tile y of the list, up to BN pairs of one expert, on the matrix cores (mma_tile), so
+ * each expert's weights are read once per chunk for all its tokens. z picks the matrix:
+ * gate (z = 0, into y) or up (z = 1, into y_z1) in one launch; the down projection is
+ * launched with z = 0 only. Pair p is slot pair_slot[p] (token * A + k, or n * A + token
+ * for the shared expert): its input row is x_rows[p] (pair_tok: the token's, for gate and
+ * up; pair_slot: the slot's own, for down) and its output row y[slot], where
  * k_moe_combine finds it. */
-__global__ void __launch_bounds__(BLOCK) k_gemm_grouped(const DMat *table, const int *tiles, const int *n_tiles, const int *group_end, const int *x_rows,
-                                                        const int *pair_slot, const float *x, int ldx, float *y, int ldy, int nr) {
+__global__ void __launch_bounds__(BLOCK) k_gemm_grouped(const DMat *table, const DMat *table_z1, const int *tiles, const int *n_tiles, const int *group_end,
+                                                        const int *x_rows, const int *pair_slot, const float *x, int ldx, float *y, float *y_z1, int ldy, int nr) {
     if ((int)blockIdx.y >= *n_tiles) return;
-    const int e = tiles[2 * blockIdx.y], p0 = tiles[2 * blockIdx.y + 1], BN = MmaCfg<true>::BN;
+    const int e = tiles[2 * blockIdx.y], p0 = tiles[2 * blockIdx.y + 1], BN = MmaCfg<true>::BN, z = blockIdx.z;
     const int n = group_end[e] - p0 < BN ? group_end[e] - p0 : BN;
-    const DMat W = table[e];
+    const DMat W = (z ? table_z1 : table)[e]; /* e = E: the shared expert, the tables' last entry */
     assume_global(W);
-    mma_tile<true>(W, x, ldx, x_rows + p0, y, ldy, pair_slot + p0, 0, nr, n, blockIdx.x * MmaCfg<true>::BM, 0);
+    mma_tile<true>(W, x, ldx, x_rows + p0, z ? y_z1 : y, ldy, pair_slot + p0, 0, nr, n, blockIdx.x * MmaCfg<true>::BM, 0);
 }
 
 /* Host side: the skinny shape for up to 32 tokens, the square one above. */
@@ -1866,11 +1868,11 @@ __global__ void __launch_bounds__(BLOCK) k_moe_route(const float *logits, const 
     }
 }
 
-/* y[t] += Σ_k w[t][k] · expert_out[t][k], experts in ascending index order */
-__global__ void __launch_bounds__(BLOCK) k_moe_combine(float *y, const float *ex_y, const float *w, int A, int H) {
+/* y[t] = base[t] (or y[t]) + Σ_k w[t][k] · expert_out[t][k], experts in ascending index order */
+__global__ void __launch_bounds__(BLOCK) k_moe_combine(float *y, const float *ex_y, const float *w, int A, int H, const float *base) {
     int t = blockIdx.x;
     for (int j = threadIdx.x; j < H; j += blockDim.x) {
-        float acc = y[(size_t)t * H + j];
+        float acc = (base ? base : y)[(size_t)t * H + j]; /* the shared expert's output (base: the grouped one's rows) */
         for (int k = 0; k < A; k++) acc += w[t * A + k] * ex_y[((size_t)t * A + k) * H + j];
         y[(size_t)t * H + j] = acc;
     }
@@ -1878,13 +1880,14 @@ __global__ void __launch_bounds__(BLOCK) k_moe_combine(float *y, const float *ex
 
 /* A prefill chunk's (token, slot) pairs grouped by expert, for k_gemm_grouped (one block):
  * group_end[e] = where expert e's pairs end in pair_slot (they start where e-1's end),
- * pair_slot[p] = the slot (token * A + k) of pair p, pair_tok[p] its token, and the tile list: tile i is
+ * pair_slot[p] = the slot (token * A + k) of pair p, pair_tok[p] its token, and the tile list:
+ * n_shared > 0 adds the shared expert as expert E, its pair for token t at slot slots + t; tile i is
  * (expert, first pair) of up to `tile` pairs; *n_tiles of them. The order of the pairs
  * within an expert is the order the atomics hand out, which changes no result: each
  * pair's row is computed on its own. */
 #define MOE_MAX_EXPERTS 1024
-__global__ void __launch_bounds__(BLOCK) k_moe_group(const int *idx, int slots, int A, int E, int tile, int *group_end, int *pair_slot, int *pair_tok,
-                                                     int *tiles, int *n_tiles) {
+__global__ void __launch_bounds__(BLOCK) k_moe_group(const int *idx, int slots, int A, int E, int n_shared, int tile, int *group_end, int *pair_slot,
+                                                     int *pair_tok, int *tiles, int *n_tiles) {
     __shared__ int count[MOE_MAX_EXPERTS], next[MOE_MAX_EXPERTS];
     for (int e = threadIdx.x; e < E; e += blockDim.x) count[e] = 0;
     __syncthreads();
@@ -1898,9 +1901,15 @@ __global__ void __launch_bounds__(BLOCK) k_moe_group(const int *idx, int slots, 
             at += count[e];
             group_end[e] = at;
         }
+        for (int p = at; p < at + n_shared; p += tile) { tiles[2 * nt] = E; tiles[2 * nt + 1] = p; nt++; } /* the shared expert */
+        group_end[E] = at + n_shared;
         *n_tiles = nt;
     }
     __syncthreads();
+    for (int t = threadIdx.x; t < n_shared; t += blockDim.x) { /* after the routed pairs: slots + t, token t */
+        pair_slot[slots + t] = slots + t;
+        pair_tok[slots + t] = t;
+    }
     for (int s = threadIdx.x; s < slots; s += blockDim.x) {
         const int p = atomicAdd(&next[idx[s]], 1);
         pair_slot[p] = s;
@@ -2260,7 +2269,7 @@ struct GLayer {          /* a Layer whose matrices and vectors live on its devic
     int dev;
     float *input_norm, *post_norm, *q_a_norm, *kv_a_norm, *ix_knorm_w, *ix_knorm_b, *router_bias;
     DMat q_a, q_b, kv_a, kv_b, o, ix_wq_b, ix_wk, ix_weights, gate, up, down, router, sh_gate, sh_up, sh_down;
-    DMat *ex_gate, *ex_up, *ex_down; /* device tables [E] */
+    DMat *ex_gate, *ex_up, *ex_down; /* device tables [E + 1]: the experts, then the shared expert's matrix */
     int ex_fmt[3];       /* gate, up, down: the format every expert shares, or -1 (k_gemv_experts_fast) */
     int mlp_ef, mlp_sf;  /* the decode MLP in two launches (glm.h gpu_mlp_fused): expert and shared/dense formats, or -1 */
     int has_indexer;
@@ -2280,7 +2289,7 @@ struct GDev {            /* one device: its layer range, weights, cache and a Ru
     float *mla_part, *mla_ml; /* k_mla_attend_split's slices: [rows][NH][KR] sums, [rows][NH] (max, sum) */
     float *eh;           /* [cap][2H] the MTP layer's input (last device, with an MTP layer) */
     int *sel, *n_sel, *ex_idx, *tokens;
-    int *grp_end, *grp_slot, *grp_tok, *grp_tiles, *grp_n; /* k_moe_group's: [E], [cap][A] x2, [2][tiles], [1] */
+    int *grp_end, *grp_slot, *grp_tok, *grp_tiles, *grp_n; /* k_moe_group's: [E+1], [cap][A+1] x2, [2][tiles], [1] */
     SampleBufs samp;     /* the sampler's buffers (last device) */
     float *split_part;   /* [split_part_floats] the split products' partial sums (k_gemv_fast) */
     unsigned *split_count; /* [GF_COUNTS] their arrival counters, kept at 0 between launches */
@@ -2350,12 +2359,15 @@ static int experts_fmt(const Mat *ex, int E) {
     return E > 0 && gemv_fast_ok(ex[0].fmt, ex[0].cols) ? ex[0].fmt : -1;
 }
 
-static DMat *up_experts(GpuModel *g, Arena *A, const Mat *ex, int E) {
-    DMat *host = (DMat *)calloc((size_t)E, sizeof(DMat));
+/* The device table of a layer's E experts' matrices, and after them `shared` (the shared
+ * expert's matrix, already on the device: the grouped prefill runs it as expert E). */
+static DMat *up_experts(GpuModel *g, Arena *A, const Mat *ex, int E, const DMat &shared) {
+    DMat *host = (DMat *)calloc((size_t)E + 1, sizeof(DMat));
     if (!host) glm_fatal("out of memory");
     for (int e = 0; e < E; e++) host[e] = up_mat(g, A, &ex[e]);
-    DMat *d = (DMat *)arena_take(A, (size_t)E * sizeof(DMat));
-    if (d) CHECK(hipMemcpy(d, host, (size_t)E * sizeof(DMat), hipMemcpyHostToDevice));
+    host[E] = shared;
+    DMat *d = (DMat *)arena_take(A, ((size_t)E + 1) * sizeof(DMat));
+    if (d) CHECK(hipMemcpy(d, host, ((size_t)E + 1) * sizeof(DMat), hipMemcpyHostToDevice));
     free(host);
     return d;
 }
@@ -2396,9 +2408,9 @@ static void up_layer(GpuModel *g, Arena *A, GLayer *G, const Layer *L, int dense
         G->ex_fmt[0] = experts_fmt(L->ex_gate, c->n_experts);
         G->ex_fmt[1] = experts_fmt(L->ex_up, c->n_experts);
         G->ex_fmt[2] = experts_fmt(L->ex_down, c->n_experts);
-        G->ex_gate = up_experts(g, A, L->ex_gate, c->n_experts);
-        G->ex_up = up_experts(g, A, L->ex_up, c->n_experts);
-        G->ex_down = up_experts(g, A, L->ex_down, c->n_experts);
+        G->ex_gate = up_experts(g, A, L->ex_gate, c->n_experts, G->sh_gate);
+        G->ex_up = up_experts(g, A, L->ex_up, c->n_experts, G->sh_up);
+        G->ex_down = up_experts(g, A, L->ex_down, c->n_experts, G->sh_down);
     }
 }
 
@@ -2436,9 +2448,10 @@ static int mla_slices(int cus, int n, int kmax, int *slice_len) {
 static int mla_fast(const Config *c) { return c->n_heads <= MLA_HEADS && c->kv_lora_rank <= 32 * MLA_COLS; }
 static int ix_fast(const Config *c) { return c->index_n_heads <= IX_HEADS && c->index_head_dim <= IX_DIM; }
 
-/* The most tiles k_moe_group can list for a chunk of n tokens: every expert's pairs in
- * tiles of BN (k_gemm_grouped's mma_tile<true>), the last one of each partly full. */
-static int grouped_tiles(const Config *c, int n) { return (n * c->n_active + MmaCfg<true>::BN - 1) / MmaCfg<true>::BN + c->n_experts; }
+/* The most tiles k_moe_group can list for a chunk of n tokens: every expert's pairs (the
+ * shared expert's n too) in tiles of BN (k_gemm_grouped's mma_tile<true>), the last one of
+ * each partly full. */
+static int grouped_tiles(const Config *c, int n) { return (n * (c->n_active + 1) + MmaCfg<true>::BN - 1) / MmaCfg<true>::BN + c->n_experts + 1; }
 
 /* Scratch of one device for chunks of up to g->cap tokens (glm.c runstate_init). */
 static void take_scratch(GpuModel *g, GDev *D, int last) {
@@ -2479,10 +2492,10 @@ static void take_scratch(GpuModel *g, GDev *D, int last) {
     D->h2 = (float *)arena_take(A, B * ffn * F);
     D->eh1 = (float *)arena_take(A, B * (c->n_active + 1) * c->moe_inter * F); /* + the shared expert's row (k_mlp_gate_up) */
     D->eh2 = (float *)arena_take(A, B * (c->n_active + 1) * c->moe_inter * F);
-    D->ex_y = (float *)arena_take(A, B * c->n_active * c->hidden * F);
-    D->grp_end = (int *)arena_take(A, (size_t)c->n_experts * sizeof(int));
-    D->grp_slot = (int *)arena_take(A, B * c->n_active * sizeof(int));
-    D->grp_tok = (int *)arena_take(A, B * c->n_active * sizeof(int));
+    D->ex_y = (float *)arena_take(A, B * (c->n_active + 1) * c->hidden * F); /* + the shared expert's rows (k_gemm_grouped) */
+    D->grp_end = (int *)arena_take(A, (size_t)(c->n_experts + 1) * sizeof(int));
+    D->grp_slot = (int *)arena_take(A, B * (c->n_active + 1) * sizeof(int));
+    D->grp_tok = (int *)arena_take(A, B * (c->n_active + 1) * sizeof(int));
     D->grp_tiles = (int *)arena_take(A, 2 * grouped_tiles(c, (int)B) * sizeof(int));
     D->grp_n = (int *)arena_take(A, sizeof(int));
     D->tokens = (int *)arena_take(A, B * sizeof(int));
@@ -2959,27 +2972,33 @@ static void moe(GpuModel *g, GDev *D, const GLayer *L, const float *x, float *y,
                          A + (c->n_shared ? 1 : 0), x, H, D->eh1, D->eh2, FI, y, H, n);
         return;
     }
-    if (c->n_shared) swiglu(D, y, x, L->sh_gate, L->sh_up, L->sh_down, n); /* unscaled (pitfall 8) */
-    else CHECK(hipMemsetAsync(y, 0, (size_t)n * H * sizeof(float), 0));
     const unsigned slots = (unsigned)(n * A);
-    if (n > GEMV_MAXN && !g_plain_kernels) { /* prefill: each chosen expert once, over all its tokens */
-        const unsigned tiles = (unsigned)grouped_tiles(c, n);
-        const int BN = MmaCfg<true>::BN, BM = MmaCfg<true>::BM;
-        LAUNCHED(k_moe_group, dim3(1), dim3(BLOCK), 0, 0, (const int *)D->ex_idx, (int)slots, A, c->n_experts, BN, D->grp_end, D->grp_slot, D->grp_tok, D->grp_tiles,
+    if (n > GEMV_MAXN && !g_plain_kernels && c->n_shared <= 1) {
+        /* prefill: each expert once, over all its tokens, the shared one (unscaled, pitfall 8)
+         * as expert E over every token; gate and up in one launch */
+        const int ns = c->n_shared ? n : 0, BN = MmaCfg<true>::BN, BM = MmaCfg<true>::BM, E = c->n_experts; /* the shared expert: entry E of the tables */
+        const unsigned tiles = (unsigned)grouped_tiles(c, n), rows = slots + (unsigned)ns;
+        LAUNCHED(k_moe_group, dim3(1), dim3(BLOCK), 0, 0, (const int *)D->ex_idx, (int)slots, A, E, ns, BN, D->grp_end, D->grp_slot, D->grp_tok, D->grp_tiles,
                  D->grp_n);
         const int *T = D->grp_tiles, *nt = D->grp_n, *end = D->grp_end, *ps = D->grp_slot, *pt = D->grp_tok;
-        LAUNCHED(k_gemm_grouped, dim3((FI + BM - 1) / BM, tiles), dim3(BLOCK), 0, 0, (const DMat *)L->ex_gate, T, nt, end, pt, ps, x, H, D->eh1, FI, FI);
-        LAUNCHED(k_gemm_grouped, dim3((FI + BM - 1) / BM, tiles), dim3(BLOCK), 0, 0, (const DMat *)L->ex_up, T, nt, end, pt, ps, x, H, D->eh2, FI, FI);
-        LAUNCHED(k_silu_mul, dim3(blocks_for((size_t)slots * FI)), dim3(BLOCK), 0, 0, D->eh1, (const float *)D->eh2, (size_t)slots * FI);
-        LAUNCHED(k_gemm_grouped, dim3((H + BM - 1) / BM, tiles), dim3(BLOCK), 0, 0, (const DMat *)L->ex_down, T, nt, end, ps, ps, (const float *)D->eh1, FI, D->ex_y,
-                 H, H);
-    } else { /* decode: one product per (token, slot) */
-        experts(L->ex_gate, L->ex_fmt[0], D->ex_idx, x, H, A, D->eh1, FI, FI, slots);
-        experts(L->ex_up, L->ex_fmt[1], D->ex_idx, x, H, A, D->eh2, FI, FI, slots);
-        LAUNCHED(k_silu_mul, dim3(blocks_for((size_t)slots * FI)), dim3(BLOCK), 0, 0, D->eh1, (const float *)D->eh2, (size_t)slots * FI);
-        experts(L->ex_down, L->ex_fmt[2], D->ex_idx, D->eh1, FI, 1, D->ex_y, H, H, slots);
+        LAUNCHED(k_gemm_grouped, dim3((FI + BM - 1) / BM, tiles, 2), dim3(BLOCK), 0, 0, (const DMat *)L->ex_gate, (const DMat *)L->ex_up, T, nt, end, pt, ps, x,
+                 H, D->eh1, D->eh2, FI, FI);
+        LAUNCHED(k_silu_mul, dim3(blocks_for((size_t)rows * FI)), dim3(BLOCK), 0, 0, D->eh1, (const float *)D->eh2, (size_t)rows * FI);
+        LAUNCHED(k_gemm_grouped, dim3((H + BM - 1) / BM, tiles, 1), dim3(BLOCK), 0, 0, (const DMat *)L->ex_down, (const DMat *)NULL, T, nt, end, ps, ps,
+                 (const float *)D->eh1, FI, D->ex_y, (float *)NULL, H, H);
+        if (!ns) CHECK(hipMemsetAsync(y, 0, (size_t)n * H * sizeof(float), 0)); /* no shared expert: the sum starts at 0 */
+        LAUNCHED(k_moe_combine, dim3(n), dim3(BLOCK), 0, 0, y, (const float *)D->ex_y, (const float *)D->ex_w, A, H,
+                 ns ? (const float *)D->ex_y + (size_t)slots * H : (const float *)NULL);
+        return;
     }
-    LAUNCHED(k_moe_combine, dim3(n), dim3(BLOCK), 0, 0, y, (const float *)D->ex_y, (const float *)D->ex_w, A, H);
+    if (c->n_shared) swiglu(D, y, x, L->sh_gate, L->sh_up, L->sh_down, n); /* unscaled (pitfall 8) */
+    else CHECK(hipMemsetAsync(y, 0, (size_t)n * H * sizeof(float), 0));
+    /* decode (or the plain kernels): one product per (token, slot) */
+    experts(L->ex_gate, L->ex_fmt[0], D->ex_idx, x, H, A, D->eh1, FI, FI, slots);
+    experts(L->ex_up, L->ex_fmt[1], D->ex_idx, x, H, A, D->eh2, FI, FI, slots);
+    LAUNCHED(k_silu_mul, dim3(blocks_for((size_t)slots * FI)), dim3(BLOCK), 0, 0, D->eh1, (const float *)D->eh2, (size_t)slots * FI);
+    experts(L->ex_down, L->ex_fmt[2], D->ex_idx, D->eh1, FI, 1, D->ex_y, H, H, slots);
+    LAUNCHED(k_moe_combine, dim3(n), dim3(BLOCK), 0, 0, y, (const float *)D->ex_y, (const float *)D->ex_w, A, H, (const float *)NULL);
 }
 
 /* The residual stream and the current selection move to the device of the next layer.

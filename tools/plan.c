@@ -81,6 +81,10 @@ static void plan_launches(const Config *c, const Layer *L, int full, int dense, 
     if (decode && gpu_mlp_fused(c, L, NULL, NULL)) { /* k_mlp_gate_up, k_mlp_down (a MoE layer: + router, routing) */
         if (dense) out[K_DENSE] += 2;
         else { out[K_MOE_SHARED] += 1; out[K_SMALL] += 1; out[K_EXPERTS] += 2; }
+    } else if (!decode && !dense && c->n_shared <= 1) { /* a prefill chunk's grouped experts, the shared one among them */
+        out[K_MOE_SHARED] += 1;                 /* router */
+        out[K_SMALL] += 4;                      /* routing, k_moe_group, SiLU, combine */
+        out[K_EXPERTS] += 2;                    /* gate + up, down (k_gemm_grouped) */
     } else if (dense) { out[K_DENSE] += 3; out[K_SMALL] += 1; }
     else {
         out[K_MOE_SHARED] += 1 + (c->n_shared ? 3 : 0); /* router, shared gate/up/down */
@@ -206,7 +210,7 @@ static ChunkCost chunk_cost(const Model *m, int pos0, int n) {
         }
         int lc[K_N] = {0};
         plan_launches(c, L, L->has_indexer, L->dense, pos0 + n - 1, 0, lc);
-        k.launches += total_i(lc, K_N) + (L->dense ? 0 : 1); /* + k_moe_group (the grouped experts replace the per-slot products one for one) */
+        k.launches += total_i(lc, K_N);
     }
     k.weight_bytes += n * mat(&m->embed) / m->embed.rows + mat(&m->lm_head);
     k.flops += 2.0 * elems(&m->lm_head);

@@ -436,9 +436,11 @@ int gpu_sample(GpuModel *g, float temperature, float top_p, float u);
  * built for (routed experts, shared expert or dense MLP: BF16/BF16, FP8/FP8, MXFP4/MXFP4,
  * FP8/BF16, MXFP4/BF16), rows in whole 16-byte chunks, at most one shared expert. *ef and
  * *sf (if not NULL) get the two formats. glm plan counts launches with it. */
-static inline int gpu_mat_chunks_ok(const Mat *W) {
-    return (W->fmt == WF_BF16 && W->cols % 8 == 0) || (W->fmt == WF_FP8 && W->cols % 16 == 0) || W->fmt == WF_MXFP4;
+/* A row of `cols` values in format fmt is whole 16-byte chunks the fast GPU products read. */
+static inline int gpu_chunks_ok(int fmt, int cols) {
+    return (fmt == WF_BF16 && cols % 8 == 0) || (fmt == WF_FP8 && cols % 16 == 0) || fmt == WF_MXFP4;
 }
+static inline int gpu_mat_chunks_ok(const Mat *W) { return gpu_chunks_ok(W->fmt, W->cols); }
 static inline int gpu_mlp_fused(const Config *c, const Layer *L, int *ef, int *sf) {
     int e, s;
     const Mat *m3[3] = {L->dense ? &L->gate : &L->sh_gate, L->dense ? &L->up : &L->sh_up, L->dense ? &L->down : &L->sh_down};

@@ -170,9 +170,8 @@ __device__ __forceinline__ float e2m1_f32(uint32_t c) {
 }
 
 /* E8M0: 2^(s-127); s = 0 is the fp32 subnormal 2^-127; 255 is NaN. */
-__device__ __forceinline__ float e8m0_f32(uint32_t s) {
-    if (s == 255) return __uint_as_float(0x7fc00000u);
-    return s ? __uint_as_float(s << 23) : __uint_as_float(0x00400000u);
+__device__ __forceinline__ float e8m0_f32(uint32_t s) { /* selects, not branches: no wait per scale in a hot loop */
+    return __uint_as_float(s == 255 ? 0x7fc00000u : s ? s << 23 : 0x00400000u);
 }
 
 /* glm.c's silu and sigmoid (the SwiGLU gate, the router's scores) */
@@ -532,13 +531,6 @@ template <> struct GfFormat<WF_BF16> { enum { CE = 8 }; };
 template <> struct GfFormat<WF_FP8> { enum { CE = 16 }; };
 template <> struct GfFormat<WF_MXFP4> { enum { CE = 32 }; };
 
-/* E2M1 without a table: the three magnitude bits placed at the top of an fp32 mantissa
- * give the value times 2^-126 exactly (0 and 0.5 come out as fp32 subnormals), and the
- * multiply by 2^126 is exact. */
-__device__ __forceinline__ float e2m1_bits(uint32_t c) {
-    return __uint_as_float(((c & 7u) << 22) | ((c & 8u) << 28)) * 8.5070592e37f; /* 2^126 */
-}
-
 /* OCP E4M3 without a table: the seven magnitude bits at fp32 bits 20..26 give the value
  * times 2^-120 exactly (subnormals included); 0x7f (NaN) is handled per chunk. */
 __device__ __forceinline__ float e4m3_bits(uint32_t b) {
@@ -642,7 +634,8 @@ template <> __device__ __forceinline__ float gf_chunk_dot<WF_MXFP4>(uint4 q, con
     return 128.0f * (acc.x + acc.y); /* 2^7, exact */
 #else
     /* a table lookup per nibble (one shared-memory read, the index from a bit-field
-     * extract) costs fewer instructions than e2m1_bits' four; lut is this lane's bank */
+     * extract) costs fewer instructions than placing the bits by shifts and masks (about
+     * four, then a multiply); lut is this lane's bank */
     float a = 0.0f, b = 0.0f;
     UNROLL for (int k = 0; k < 4; k++)
         UNROLL for (int i = 0; i < 8; i += 2) {
@@ -654,14 +647,14 @@ template <> __device__ __forceinline__ float gf_chunk_dot<WF_MXFP4>(uint4 q, con
 }
 
 /* The block scale of chunk c of row r, as loaded (its bits) and as a value (1 for BF16): the
- * loads go out with the weights', the decode (branch-free) comes after. */
+ * loads go out with the weights', the decode comes after. */
 template <int FMT> __device__ __forceinline__ uint32_t gf_scale_bits(const DMat &W, size_t r, int c) {
     if (FMT == WF_MXFP4) return W.mx_scale[r * (W.cols / 32) + c];
     if (FMT == WF_FP8) return __float_as_uint(W.fp8_scale[(r / 128) * ((W.cols + 127) / 128) + c * 16 / 128]);
     return 0;
 }
 template <int FMT> __device__ __forceinline__ float gf_scale(uint32_t bits) {
-    if (FMT == WF_MXFP4) return __uint_as_float(bits == 255 ? 0x7fc00000u : bits ? bits << 23 : 0x00400000u); /* e8m0_f32 */
+    if (FMT == WF_MXFP4) return e8m0_f32(bits);
     if (FMT == WF_FP8) return __uint_as_float(bits);
     return 1.0f;
 }
@@ -2224,10 +2217,6 @@ static void sample_launch(const float *logits, int V, float temperature, float t
 
 static void dfree(const void *p) { if (p) CHECK(hipFree((void *)p)); }
 
-/* The fast products (section 3b) read whole 16-byte chunks of a row in one format. */
-static bool gemv_fast_ok(int fmt, int cols) {
-    return (fmt == WF_BF16 && cols % 8 == 0) || (fmt == WF_FP8 && cols % 16 == 0) || fmt == WF_MXFP4;
-}
 
 /* Per device: where the split products keep their partial sums (the device's scratch,
  * or for the kernel tests an allocation of their own), and its compute units. */
@@ -2356,7 +2345,7 @@ static float *up_vec(GpuModel *g, Arena *A, const float *v, int n) {
 static int experts_fmt(const Mat *ex, int E) {
     for (int e = 1; e < E; e++)
         if (ex[e].fmt != ex[0].fmt) return -1;
-    return E > 0 && gemv_fast_ok(ex[0].fmt, ex[0].cols) ? ex[0].fmt : -1;
+    return E > 0 && gpu_chunks_ok(ex[0].fmt, ex[0].cols) ? ex[0].fmt : -1;
 }
 
 /* The device table of a layer's E experts' matrices, and after them `shared` (the shared
@@ -2827,7 +2816,7 @@ static void gemv_fast(float *y, int ldy, const float *x, int ldx, const DMat &W,
 
 /* matmul_rows: n tokens, nz independent products offset by zr rows / zx, zy floats. */
 static void matmul_rows(float *y, int ldy, const float *x, int ldx, const DMat &W, int r0, int nr, int n, int nz = 1, int zr = 0, int zx = 0, int zy = 0) {
-    if (!g_plain_kernels && n <= GEMV_MAXN && gemv_fast_ok(W.fmt, W.cols)) {
+    if (!g_plain_kernels && n <= GEMV_MAXN && gpu_chunks_ok(W.fmt, W.cols)) {
         if (W.fmt == WF_BF16) gemv_fast<WF_BF16>(y, ldy, x, ldx, W, r0, nr, n, nz, zr, zx, zy);
         else if (W.fmt == WF_FP8) gemv_fast<WF_FP8>(y, ldy, x, ldx, W, r0, nr, n, nz, zr, zx, zy);
         else gemv_fast<WF_MXFP4>(y, ldy, x, ldx, W, r0, nr, n, nz, zr, zx, zy);

@@ -842,7 +842,9 @@ def t_spec_sampling():
     d = CK["bf16"]["dir"]
     prompt, p12 = peaked_prompt(d, 0.9)
     greedy, _ = run_ids(d, prompt, 4, ["--temp", "0", "--draft", "0"])
-    seeds = range(1, 1 + (150 if os.environ.get("SAN") else 700))
+    # under the sanitizers (SAN=1) only enough seeds to run every path: the plain pass holds
+    # the statistics
+    seeds = range(1, 1 + (60 if os.environ.get("SAN") else 700))
     oracle = ",".join(map(str, prompt + greedy))
     env1 = {"OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "passive"}
 

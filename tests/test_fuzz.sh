@@ -8,14 +8,14 @@
 #      clang-14 and libclang-rt-14-dev);
 #   3. every target replays its regression inputs (fuzz/regressions/TARGET/, each a crash or
 #      hang found and fixed) and its seed corpus (fuzz/corpus/TARGET/);
-#   4. each target fuzzes for FUZZ_SECONDS (default 10, one target per core at a time; the issue's 60 s x 4 targets does not
+#   4. each target fuzzes for FUZZ_SECONDS (default 6, one target per core at a time; the issue's 60 s x 4 targets does not
 #      fit CI's budget; longer runs by hand, see fuzz/README.md) from a copy of its seeds.
 #      Skipped under SAN=1 (make test-asan): the targets are sanitizer builds already.
 # Ends with "N passed, N failed"; exits non-zero on any failure.
 set -u
 cd "$(dirname "$0")/.." || exit 1
 GLM=${GLM:-./glm}
-FUZZ_SECONDS=${FUZZ_SECONDS:-10}
+FUZZ_SECONDS=${FUZZ_SECONDS:-6}
 TARGETS="json checkpoint tokenizer_load encode chat http request"
 OUT=$(mktemp -d "${TMPDIR:-/tmp}/glm-fuzz-test.XXXXXX") || exit 1
 trap 'rm -rf "$OUT"' EXIT

@@ -17,7 +17,7 @@
 #   whole and streamed, finish_reason "tool_calls"; no tools requested or thinking off: text;
 #   a stop string inside the reasoning;
 # - batch invariance: with fp32 products, 8 prompts sharing 300 ids give the same tokens and
-#   bit-identical log-probabilities alone and together (plain C kernels, GLM_KERNELS=c: alone
+#   bit-identical log-probabilities alone and together (SAN=1: 2 prompts of 8 tokens; plain C kernels, GLM_KERNELS=c: alone
 #   first, then together, then again from the prefix cache; the default kernels: together
 #   first, every prompt uncached, then alone; and the same with the default bf16 products);
 # - the prefix cache: a 220-token prompt after its first 200 starts from >= 192 cached
@@ -30,7 +30,7 @@
 #   0 within 5 s; the same under load; SIGINT on an idle server with an idle connection and half
 #   a request open the same.
 # Ends with "N passed, N failed"; exits non-zero on any failure. Takes ~45 s on 2 cores
-# (SAN=1, ./glm_asan: ~165 s, mostly server starts and waits under ASan); the logs are left in tests/out/serve/
+# (SAN=1, ./glm_asan: ~125 s, mostly server starts and waits under ASan); the logs are left in tests/out/serve/
 export GLM_PRECISION="${GLM_PRECISION:-fp32}"
 set -u
 cd "$(dirname "$0")/.." || exit 1
@@ -140,7 +140,7 @@ if start main -- --fp32 --parallel 8 --chunk 24; then
     py errors "$URL"
     py cache "$URL" 24
     OUT=$out py continuation "$URL" "$GLM" "$out/m"
-    py invariance "$URL" fast
+    py invariance "$URL" fast "$N_INV" "$T_INV"
     # curl: a stream is "data: ..." lines and blank lines, ending with [DONE]
     curl -sS -N "$URL/v1/chat/completions" -H 'Content-Type: application/json' \
         -d '{"messages":[{"role":"user","content":"Hi"}],"max_tokens":8,"stream":true}' >"$out/curl_stream.txt" 2>"$out/curl_stream.err"
@@ -216,7 +216,7 @@ if start load -- --parallel 16 --cache-mb 1 --bf16; then
     LOAD_PID=$PID
     # the default bf16 products too: a batch of decodes (matvec_bf16_n, the few-token MoE pool)
     # gives each sequence its lone logits, bit for bit
-    py invariance "$URL" fast_bf16
+    py invariance "$URL" fast_bf16 "$N_INV" "$T_INV"
     py load "$URL" "$LOAD_PID" "$GLM" "$N_LOAD" "$C_LOAD"
     # SIGTERM under load (32 clients, streamed and not, running and queued): exit 0 within 5 s,
     # and every client gets an answer or a closed connection (loadgen ends)

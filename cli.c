@@ -388,7 +388,7 @@ static int cmd_run(const Args *a) {
     session_open(&S, a->model_dirs[0], session_ctx(a, &probe, n), a->n_gpus);
     const Config *c = &S.model.cfg;
     Speculator spec;
-    spec_open(&spec, &S, a->draft);
+    spec_open(&spec, &S, &S.kv, a->draft);
     Sampler sp;
     sampler_init(&sp, a->temperature, a->top_p, a->seed, c->vocab_size);
     float *logits = xmalloc((size_t)c->vocab_size * sizeof(float));
@@ -486,7 +486,7 @@ static int cmd_chat(const Args *a) {
     session_open(&S, a->model_dirs[0], session_ctx(a, &probe, 0), a->n_gpus);
     const Config *c = &S.model.cfg;
     Speculator spec;
-    spec_open(&spec, &S, a->draft);
+    spec_open(&spec, &S, &S.kv, a->draft);
     const int ctx = S.kv.ctx, room = a->n_gen < ctx / 2 ? a->n_gen : ctx / 2; /* tokens kept free for a reply */
     Sampler sp;
     sampler_init(&sp, a->temperature, a->top_p, a->seed, c->vocab_size);

@@ -31,7 +31,7 @@
 #endif
 
 #define PANEL_KC 512          /* columns of a panel chunk: 32 rows x 512 stay in L1/L2 with the tokens' slice */
-#define MATVEC_MAX_TOKENS 16  /* up to this many tokens a bf16 product streams the rows once for all (matvec_bf16_n) */
+/* MATVEC_MAX_TOKENS (glm.h): up to this many tokens a bf16 product streams the rows once for all (matvec_bf16_n) */
 #define ROWS_MAX_TOKENS 64    /* up to this many a bf16 product skips the panel (gemm_rows_bf16) */
 #define ATTN_HEAD_BLOCK 32    /* heads that share one pass over the selected cache rows */
 #define KEY_BLOCK 128         /* cached rows per attention GEMM call: a block of keys */

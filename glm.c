@@ -548,6 +548,7 @@ void forward(const Model *m, KVCache *kv, RunState *s, const int *tokens, int n,
 void forward_batch(const Model *m, RunState *s, const SeqTokens *seq, int n_seq, float *logits) {
     const Config *c = &m->cfg;
     const int H = c->hidden;
+    const float eps = c->rms_eps;
     Span span[n_seq];
     int B = 0;
     for (int i = 0; i < n_seq; i++) {
@@ -557,11 +558,18 @@ void forward_batch(const Model *m, RunState *s, const SeqTokens *seq, int n_seq,
     }
     if (B > s->cap) glm_fatal("forward_batch: %d rows for a chunk of %d", B, s->cap);
     for (int l = 0; l < c->n_layers; l++) layer_forward(m, &m->layers[l], l, s, span, n_seq, B);
-    for (int i = 0; i < n_seq; i++) { /* each sequence's last row -> row i of s->a -> logits row i */
+    int rows = 0; /* the rows that get logits -> s->a, side by side -> one lm_head product */
+    for (int i = 0; i < n_seq; i++) {
+        const float *x = s->x + (size_t)span[i].start * H;
         seq[i].kv->pos += seq[i].n;
-        rmsnorm(s->a + (size_t)i * H, s->x + (size_t)(span[i].start + span[i].n - 1) * H, m->final_norm, H, c->rms_eps);
+        if (seq[i].hidden) rmsnorm_rows(seq[i].hidden, x, m->final_norm, seq[i].n, H, eps);
+        if (seq[i].all_logits) {
+            rmsnorm_rows(s->a + (size_t)rows * H, x, m->final_norm, seq[i].n, H, eps);
+            rows += seq[i].n;
+        } else
+            rmsnorm(s->a + (size_t)rows++ * H, x + (size_t)(seq[i].n - 1) * H, m->final_norm, H, eps);
     }
-    ops.matmul(logits, s->a, &m->lm_head, n_seq);
+    ops.matmul(logits, s->a, &m->lm_head, rows);
 }
 
 /* ======================================================================== */
@@ -825,6 +833,14 @@ int argmax(const float *x, int n) {
     return best;
 }
 
+float log_sum_exp(const float *x, int n) {
+    float mx = x[0];
+    for (int i = 1; i < n; i++) mx = x[i] > mx ? x[i] : mx;
+    double sum = 0;
+    for (int i = 0; i < n; i++) sum += exp((double)x[i] - mx);
+    return (float)(mx + log(sum));
+}
+
 static const float *g_sort_probs;
 static int cmp_prob_desc(const void *a, const void *b) {
     float x = g_sort_probs[*(const int *)a], y = g_sort_probs[*(const int *)b];
@@ -955,53 +971,54 @@ void session_forward(Session *S, KVCache *kv, const int *tokens, int n, float *l
     forward(&S->model, kv, &S->state, tokens, n, logits, all_logits);
 }
 
-/* forward_hidden and mtp_forward on S->kv, on the GPU when there is one (the host
- * keeps the hidden states in between). */
-void session_forward_hidden(Session *S, const int *tokens, int n, float *logits, int all_logits, float *hidden) {
+/* forward_hidden and mtp_forward on kv, on the GPU when there is one (the host keeps the
+ * hidden states in between). */
+void session_forward_hidden(Session *S, KVCache *kv, const int *tokens, int n, float *logits, int all_logits, float *hidden) {
 #ifdef GLM_GPU
     if (S->gpu) {
-        gpu_forward_hidden(S->gpu, S->kv.pos, tokens, n, logits, all_logits, hidden);
-        S->kv.pos += n;
+        gpu_forward_hidden(S->gpu, kv->pos, tokens, n, logits, all_logits, hidden);
+        kv->pos += n;
         S->gpu_logits = all_logits ? NULL : logits;
         return;
     }
 #endif
-    forward_hidden(&S->model, &S->kv, &S->state, tokens, n, logits, all_logits, hidden);
+    forward_hidden(&S->model, kv, &S->state, tokens, n, logits, all_logits, hidden);
 }
 
-void session_mtp_forward_hidden(Session *S, const float *hidden, const int *next, int n, float *logits, int all_logits,
-                                float *out_hidden, MtpSelection *keep) {
+void session_mtp_forward_hidden(Session *S, KVCache *kv, const float *hidden, const int *next, int n, float *logits,
+                                int all_logits, float *out_hidden, MtpSelection *keep) {
 #ifdef GLM_GPU
     if (S->gpu) {
-        gpu_mtp_forward_keep(S->gpu, S->kv.mtp_pos, hidden, next, n, logits, all_logits, out_hidden, keep);
-        S->kv.mtp_pos += n;
+        gpu_mtp_forward_keep(S->gpu, kv->mtp_pos, hidden, next, n, logits, all_logits, out_hidden, keep);
+        kv->mtp_pos += n;
         S->gpu_logits = NULL; /* the device's last logits are now the MTP layer's */
         return;
     }
 #endif
-    mtp_forward_hidden(&S->model, &S->kv, &S->state, hidden, next, n, logits, all_logits, out_hidden, keep);
+    mtp_forward_hidden(&S->model, kv, &S->state, hidden, next, n, logits, all_logits, out_hidden, keep);
 }
 
 static void session_mtp_forward(Session *S, const float *hidden, const int *next, int n, float *logits, int all_logits) {
-    session_mtp_forward_hidden(S, hidden, next, n, logits, all_logits, NULL, NULL);
+    session_mtp_forward_hidden(S, &S->kv, hidden, next, n, logits, all_logits, NULL, NULL);
 }
 
 /* On the GPU the host computes the selection (the same rows as on the CPU) and the
  * device's MTP row attends to it. */
-void session_mtp_draft_shared(Session *S, const float *h, int next, float *logits, float *out_hidden, const MtpSelection *step0) {
+void session_mtp_draft_shared(Session *S, KVCache *kv, const float *h, int next, float *logits, float *out_hidden,
+                              const MtpSelection *step0) {
 #ifdef GLM_GPU
     if (S->gpu) {
         const int K = S->model.cfg.index_topk;
         int *sel = xmalloc((size_t)K * sizeof(int));
-        const int n_sel = mtp_shared_selection(K, S->kv.mtp_pos, step0, sel);
-        gpu_mtp_draft_shared(S->gpu, S->kv.mtp_pos, h, next, logits, out_hidden, sel, n_sel);
+        const int n_sel = mtp_shared_selection(K, kv->mtp_pos, step0, sel);
+        gpu_mtp_draft_shared(S->gpu, kv->mtp_pos, h, next, logits, out_hidden, sel, n_sel);
         free(sel);
-        S->kv.mtp_pos += 1;
+        kv->mtp_pos += 1;
         S->gpu_logits = NULL;
         return;
     }
 #endif
-    mtp_draft_shared(&S->model, &S->kv, &S->state, h, next, logits, out_hidden, step0);
+    mtp_draft_shared(&S->model, kv, &S->state, h, next, logits, out_hidden, step0);
 }
 
 /* glm logits --mtp. Decoding one token at a time, the MTP layer's row t runs as soon as
@@ -1014,11 +1031,11 @@ void session_mtp_logits(Session *S, const int *ids, int n, float *logits, int on
     float *hidden = xmalloc((size_t)n * H * sizeof(float)); /* h_0 .. h_{n-1} */
     if (one_at_a_time) {
         for (int t = 0; t < n; t++) {
-            session_forward_hidden(S, ids + t, 1, NULL, 0, hidden + (size_t)t * H);
+            session_forward_hidden(S, &S->kv, ids + t, 1, NULL, 0, hidden + (size_t)t * H);
             if (t) session_mtp_forward(S, hidden + (size_t)(t - 1) * H, ids + t, 1, logits + (size_t)(t - 1) * V, 0);
         }
     } else {
-        session_forward_hidden(S, ids, n, NULL, 0, hidden);
+        session_forward_hidden(S, &S->kv, ids, n, NULL, 0, hidden);
         session_mtp_forward(S, hidden, ids + 1, n - 1, logits, 1);
     }
     free(hidden);

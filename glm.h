@@ -312,11 +312,14 @@ typedef struct {
     KVCache *kv;
     const int *tokens;
     int n;
+    int all_logits;          /* logits for every one of its rows (a verify step of --draft), else its last row's */
+    float *hidden;           /* [n][H] its rows' final-normed hidden states (the MTP layer's h_t), or NULL */
 } SeqTokens;
 /* forward() for n_seq sequences at once (glm serve's continuous batching): all their
  * tokens together are one chunk (at most s->cap rows), each sequence attends over its
- * own cache, and logits [n_seq][V] gets each sequence's last token's logits. A row's
- * arithmetic does not depend on the rows beside it. */
+ * own cache, and logits gets, in sequence order, every row of a sequence with all_logits
+ * and the last row of the others ([rows][V]). A row's arithmetic does not depend on the
+ * rows beside it. */
 void forward_batch(const Model *m, RunState *s, const SeqTokens *seq, int n_seq, float *logits);
 /* forward() that also writes hidden [n][H] (if not NULL): each token's final-normed
  * hidden state, the lm_head's input and the MTP layer's h_t (§5.1) */
@@ -362,6 +365,7 @@ void sampler_init(Sampler *sp, float temperature, float top_p, uint64_t seed, in
 void sampler_free(Sampler *sp);
 float random_f32(Sampler *sp);                 /* uniform in [0, 1) */
 int argmax(const float *x, int n);
+float log_sum_exp(const float *x, int n);       /* log Σ exp(x): a log-probability is a logit minus it */
 int sample(Sampler *sp, float *logits, int V); /* logits are overwritten with probabilities */
 /* What sample() draws from, whole (temperature > 0): logits[V] become probabilities,
  * the top_p nucleus renormalised and zero outside it. */
@@ -392,15 +396,16 @@ int session_sample(Session *S, Sampler *sp, float *logits);
  * i the MTP layer's prediction of ids[i+2]. one_at_a_time: both one token per step
  * (decode, the MTP row as soon as its token is known), else one prefill each. */
 void session_mtp_logits(Session *S, const int *ids, int n, float *logits, int one_at_a_time);
-/* spec.c's steps on S->kv, on the GPU when there is one (positions stay the host's:
- * kv.pos and kv.mtp_pos; a rollback is setting them). session_forward_hidden is
+/* spec.c's steps on kv (S->kv, or a glm serve slot's), on the GPU when there is one
+ * (positions stay the host's: kv->pos and kv->mtp_pos; a rollback is setting them). session_forward_hidden is
  * forward_hidden; session_mtp_forward_hidden is mtp_forward_hidden; session_mtp_draft_shared
  * is mtp_draft_shared. Each leaves the last logits on the device for session_sample only
  * when it is the main model's single-row pass. */
-void session_forward_hidden(Session *S, const int *tokens, int n, float *logits, int all_logits, float *hidden);
-void session_mtp_forward_hidden(Session *S, const float *hidden, const int *next, int n, float *logits, int all_logits,
-                                float *out_hidden, MtpSelection *keep);
-void session_mtp_draft_shared(Session *S, const float *h, int next, float *logits, float *out_hidden, const MtpSelection *step0);
+void session_forward_hidden(Session *S, KVCache *kv, const int *tokens, int n, float *logits, int all_logits, float *hidden);
+void session_mtp_forward_hidden(Session *S, KVCache *kv, const float *hidden, const int *next, int n, float *logits,
+                                int all_logits, float *out_hidden, MtpSelection *keep);
+void session_mtp_draft_shared(Session *S, KVCache *kv, const float *h, int next, float *logits, float *out_hidden,
+                              const MtpSelection *step0);
 
 /* GPU forward pass (glm_hip.hip; linked only into the GLM_GPU builds: make hip | cuda | emu).
  * gpu_load prints the plan (layers and bytes per device), stops if it does not fit,
@@ -479,6 +484,8 @@ void gpu_free(GpuModel *g);
  * model's hidden states h_t of mtp_pos <= t < mtp_pos + n_pend wait in pend for their
  * MTP rows (row t pairs h_t with tok[t+1], known by then). */
 typedef struct {
+    KVCache *kv;             /* the cache it drives and rolls back (a Session's, or a glm serve slot's) */
+    size_t H, V;             /* hidden width, vocabulary */
     int n_draft;             /* N: MTP drafts per verify step; 0 = plain decoding */
     int *tok;                /* [ctx + 1] the token at each position (the not yet cached one at kv->pos) */
     float *pend;             /* [cap + N + 2][H] main hidden states not yet paired in the MTP cache */
@@ -487,6 +494,7 @@ typedef struct {
     float *vlogits;          /* [N + 1][V] the verify pass's logits */
     float *q;                /* [N][V] each draft's MTP logits, then (temperature > 0) its distribution */
     float *w;                /* [V] scratch: the residual distribution of a rejection */
+    float *raw;              /* [V] scratch: a verify row's logits, kept for its log-probabilities */
     int draft[GLM_MAX_DRAFT];
     MtpSelection step0;      /* for draft steps >= 1 (index_share_for_mtp_iteration) */
     int *oracle, n_oracle;   /* GLM_DRAFT_ORACLE (a test hook): the draft for position p is oracle[p] */
@@ -496,7 +504,7 @@ typedef struct {
  * need the MTP layer (with --gpu it runs on the last device, through the session_*
  * entries); asked for without one, one stderr line says why and decoding goes on
  * without drafts. */
-void spec_open(Speculator *sp, Session *S, int asked);
+void spec_open(Speculator *sp, Session *S, KVCache *kv, int asked);
 void spec_close(Speculator *sp);
 /* Runs ids[kv->pos..n) (kv->pos: the prefix the caller kept cached, ids[0..kv->pos) in
  * it) and writes the last token's logits [V]; with drafts it also fills the MTP layer's
@@ -506,11 +514,32 @@ void spec_prefill(Speculator *sp, Session *S, const int *ids, int n, float *logi
  * N + 1 (at most max_new) next tokens into out, returning how many; every token but the
  * last of them is then cached too. logits: [V] scratch. */
 int spec_step(Speculator *sp, Session *S, Sampler *smp, int x, int max_new, float *logits, int *out);
+/* spec_step in two halves around the verify pass, for a caller that batches the verify
+ * passes of several sequences (glm serve): spec_draft caches x's MTP rows, drafts and
+ * returns N (0..n_draft) with seq[0..N] = x, d_1 .. d_N; the caller runs the main model
+ * over seq (all N + 1 rows' logits into vlogits [N + 1][V], their hidden states into
+ * sp->pend); spec_accept then writes the 1 .. N + 1 tokens it keeps into out (and, if
+ * logprob is not NULL, their log-probabilities under the model; vlogits is overwritten)
+ * and rolls the caches back. */
+int spec_draft(Speculator *sp, Session *S, Sampler *smp, int x, int max_new, int *seq);
+int spec_accept(Speculator *sp, Sampler *smp, int N, float *vlogits, int *out, float *logprob);
+/* A prompt in chunks run by the caller (glm serve): the chunk's B hidden states go to
+ * spec_pending_end(sp) (room for s->cap rows), then spec_prompt_chunk gives every row but
+ * the last its MTP row. spec_resume starts a sequence whose first pos tokens of ids[0..n)
+ * came from a cache with their MTP rows up to pos - 2 and h_last = h_{pos-1}. */
+float *spec_pending_end(Speculator *sp);
+void spec_prompt_chunk(Speculator *sp, Session *S, int B);
+void spec_resume(Speculator *sp, const int *ids, int n, int pos, const float *h_last);
 /* The caller stopped early: only positions < pos stay cached (pos <= kv->pos). */
 void spec_truncate(Speculator *sp, KVCache *kv, int pos);
 
 /* ------------------------------------------------------------------------ */
 /* fast.c + simd.c: the fast CPU path                                       */
+
+/* Up to this many rows in a chunk (and fewer than 8 of one sequence, whose attention
+ * then runs row by row), the fast path computes every row's products as it would a lone
+ * token's: glm serve keeps its decode batches within it (batch invariance). */
+#define MATVEC_MAX_TOKENS 16
 
 /* fast_init: once at start, picks the SIMD kernel set (want "c": none, the plain
  * reference end to end; "avx2": the AVX2 set) and fills `ops` with the fast path's

@@ -50,10 +50,17 @@ typedef struct {
     const char *model_dir, *host, *api_key, *tokenizer, *alias;
     int port, ctx, parallel, chunk, queue, threads, bf16;
     int n_gpus;               /* --gpu / --gpus N: the GPU path (one sequence at a time) */
+    int draft;                /* --draft N: MTP drafts per step and sequence; -1 = the backend's default */
     int cache_unit;           /* cache hits are multiples of this: lcm(chunk, CACHE_BLOCK) */
     double cache_mb;          /* prefix cache budget; < 0 = sized from memory */
     size_t max_body;
 } ServeArgs;
+
+/* A verify step's rows (x and the drafts) must each compute as a decoded token does, so
+ * that drafting changes no greedy token and no log-probability: up to 7 rows of a
+ * sequence, the fast path's attention and products treat each row as alone. */
+#define DRAFT_MAX 6
+#define DRAFT_MAX_STR "6"
 
 static const char SERVE_USAGE[] =
     "usage: glm serve -m DIR [--host ADDR] [--port N] [--parallel N] [--ctx N] [flags]\n"
@@ -73,6 +80,8 @@ static const char SERVE_USAGE[] =
     "  --api-key KEY     require \"Authorization: Bearer KEY\" (GLM_API_KEY sets it too)\n"
     "  --alias NAME      the model id clients see (default: the folder's name)\n"
     "  --tokenizer FILE  tokenizer.json (default DIR/tokenizer.json)\n"
+    "  --draft N         speculative decoding: N tokens (0-" DRAFT_MAX_STR ") drafted per step by the MTP layer\n"
+    "                    for each sequence, verified together (default: as glm run's; needs the MTP layer)\n"
     "  --gpu, --gpus N   run on N GPUs (builds with GPU support): one sequence at a time, no prefix\n"
     "                    cache (the GPU path keeps one KV cache, on the devices)\n"
     "  -t N              threads (default: one per core)\n"
@@ -101,6 +110,7 @@ static void serve_args(ServeArgs *a, int argc, char **argv) {
     a->queue = 64;
     a->cache_mb = -1;
     a->max_body = 8u << 20;
+    a->draft = -1;
     a->api_key = getenv("GLM_API_KEY");
     const char *pp = getenv("GLM_PRECISION");
     if (pp && *pp && strcmp(pp, "fp32") && strcmp(pp, "bf16")) glm_fatal("GLM_PRECISION=%s: expected fp32 or bf16", pp);
@@ -112,7 +122,7 @@ static void serve_args(ServeArgs *a, int argc, char **argv) {
         if (!strcmp(f, "--fp32")) { a->bf16 = 0; continue; }
         if (!strcmp(f, "--gpu")) { a->n_gpus = 1; continue; }
         static const char *const with_value[] = {"-m", "--host", "--port", "--parallel", "--ctx", "--chunk", "--cache-mb",
-                                                 "--queue", "--max-body", "--api-key", "--alias", "--tokenizer", "-t", "--gpus"};
+                                                 "--queue", "--max-body", "--api-key", "--alias", "--tokenizer", "-t", "--gpus", "--draft"};
         int known = 0;
         for (size_t k = 0; k < sizeof with_value / sizeof *with_value; k++) known |= !strcmp(f, with_value[k]);
         if (!known) glm_fatal("serve: unknown flag '%s' (see glm serve --help)", f);
@@ -131,6 +141,7 @@ static void serve_args(ServeArgs *a, int argc, char **argv) {
         else if (!strcmp(f, "--alias")) a->alias = v;
         else if (!strcmp(f, "--tokenizer")) a->tokenizer = v;
         else if (!strcmp(f, "--gpus")) a->n_gpus = (int)flag_long(f, v, 1, 64);
+        else if (!strcmp(f, "--draft")) a->draft = (int)flag_long(f, v, 0, DRAFT_MAX);
         else a->threads = (int)flag_long(f, v, 1, 4096);
     }
     if (!a->model_dir) glm_fatal("serve: -m DIR is required (see glm serve --help)");
@@ -147,6 +158,13 @@ static void serve_args(ServeArgs *a, int argc, char **argv) {
  * a radix tree; ids are never reused, so a child of an evicted block can no longer be
  * reached and ages out. The least recently used block goes first when the budget is
  * full. Only the engine thread touches it.
+ *
+ * With --draft the MTP layer's cache comes along. Its row t pairs h_t with token t+1, so
+ * a block of positions p..p+15 keeps the MTP rows p-1 .. p+14: rows whose tokens all lie
+ * in the block's prefix (row p+15 needs token p+16, which the next block may not share).
+ * A hit of n positions then restores MTP rows 0 .. n-2, and the block keeps the main
+ * model's hidden state at its last position, h_{p+15}: the one the MTP layer pairs with
+ * whatever token follows the hit.
  */
 #define CACHE_BLOCK 16
 
@@ -155,7 +173,9 @@ typedef struct {
     long parent;              /* id of the block before it; 0 for the first block */
     int tokens[CACHE_BLOCK];
     uint64_t last_use;
-    float *rows;              /* [n_layers][CACHE_BLOCK][KR+DR] latent rows, then [n_index][CACHE_BLOCK][ID] keys */
+    float *rows;              /* [n_layers][CACHE_BLOCK][KR+DR] latent rows, then [n_index][CACHE_BLOCK][ID] keys;
+                                 with mtp then the MTP layer's [CACHE_BLOCK][KR+DR] rows and [CACHE_BLOCK][ID]
+                                 keys (positions p-1 .. p+14) and h_{p+15} [H] */
 } CacheBlock;
 
 typedef struct {
@@ -164,17 +184,23 @@ typedef struct {
     long next_id;
     uint64_t clock;
     size_t block_bytes;
+    int mtp;                  /* blocks carry the MTP layer's rows (--draft) */
 } PrefixCache;
 
-static size_t cache_block_bytes(const Model *m) {
+/* The floats of a block: the main layers' rows and keys, then (mtp) the MTP layer's and h. */
+static size_t cache_main_floats(const Model *m) {
     const Config *c = &m->cfg;
-    return (size_t)CACHE_BLOCK * ((size_t)c->n_layers * (c->kv_lora_rank + c->qk_rope) + (size_t)m->n_index_layers * c->index_head_dim) *
-           sizeof(float);
+    return (size_t)CACHE_BLOCK * ((size_t)c->n_layers * (c->kv_lora_rank + c->qk_rope) + (size_t)m->n_index_layers * c->index_head_dim);
+}
+static size_t cache_mtp_floats(const Model *m) {
+    const Config *c = &m->cfg;
+    return (size_t)CACHE_BLOCK * (c->kv_lora_rank + c->qk_rope + c->index_head_dim) + (size_t)c->hidden;
 }
 
-static void cache_init(PrefixCache *pc, const Model *m, size_t budget) {
+static void cache_init(PrefixCache *pc, const Model *m, size_t budget, int mtp) {
     memset(pc, 0, sizeof *pc);
-    pc->block_bytes = cache_block_bytes(m);
+    pc->mtp = mtp;
+    pc->block_bytes = (cache_main_floats(m) + (mtp ? cache_mtp_floats(m) : 0)) * sizeof(float);
     const size_t blocks = budget / pc->block_bytes;
     pc->cap = blocks > (1u << 30) ? 1 << 30 : (int)blocks;
     pc->block = xcalloc(pc->cap ? (size_t)pc->cap : 1, sizeof(CacheBlock));
@@ -194,21 +220,29 @@ static CacheBlock *cache_find(PrefixCache *pc, long parent, const int *tokens) {
     return NULL;
 }
 
-/* Copies positions pos..pos+CACHE_BLOCK-1 of kv into rows (to_cache) or back. */
-static void cache_copy(const Model *m, KVCache *kv, int pos, float *rows, int to_cache) {
+/* n rows of width w between the KV cache (kv_rows) and a block (block_rows), either way. */
+static void copy_rows(float *kv_rows, float *block_rows, int n, size_t w, int to_cache) {
+    if (to_cache) memcpy(block_rows, kv_rows, (size_t)n * w * sizeof(float));
+    else memcpy(kv_rows, block_rows, (size_t)n * w * sizeof(float));
+}
+
+/* Copies positions pos..pos+CACHE_BLOCK-1 of kv into rows (to_cache) or back; with the
+ * cache's mtp, also the MTP layer's rows pos-1 .. pos+14 (row 0 unused at pos 0) and h,
+ * the main model's hidden state at pos+15 ([H], into the block, or back into h). */
+static void cache_copy(const PrefixCache *pc, const Model *m, KVCache *kv, int pos, float *rows, int to_cache, float *h) {
     const Config *c = &m->cfg;
-    const size_t AD = (size_t)c->kv_lora_rank + c->qk_rope, ID = c->index_head_dim;
-    for (int l = 0; l < c->n_layers; l++) {
-        float *k = kv->latent + ((size_t)l * kv->ctx + pos) * AD, *r = rows + (size_t)l * CACHE_BLOCK * AD;
-        if (to_cache) memcpy(r, k, CACHE_BLOCK * AD * sizeof(float));
-        else memcpy(k, r, CACHE_BLOCK * AD * sizeof(float));
-    }
+    const size_t AD = (size_t)c->kv_lora_rank + c->qk_rope, ID = c->index_head_dim, T = kv->ctx;
+    for (int l = 0; l < c->n_layers; l++)
+        copy_rows(kv->latent + (l * T + pos) * AD, rows + (size_t)l * CACHE_BLOCK * AD, CACHE_BLOCK, AD, to_cache);
     float *keys = rows + (size_t)c->n_layers * CACHE_BLOCK * AD;
-    for (int s = 0; s < m->n_index_layers; s++) {
-        float *k = kv->index_k + ((size_t)s * kv->ctx + pos) * ID, *r = keys + (size_t)s * CACHE_BLOCK * ID;
-        if (to_cache) memcpy(r, k, CACHE_BLOCK * ID * sizeof(float));
-        else memcpy(k, r, CACHE_BLOCK * ID * sizeof(float));
-    }
+    for (int s = 0; s < m->n_index_layers; s++)
+        copy_rows(kv->index_k + (s * T + pos) * ID, keys + (size_t)s * CACHE_BLOCK * ID, CACHE_BLOCK, ID, to_cache);
+    if (!pc->mtp) return;
+    float *mtp_rows = rows + cache_main_floats(m), *mtp_keys = mtp_rows + CACHE_BLOCK * AD, *block_h = mtp_keys + CACHE_BLOCK * ID;
+    const int first = pos ? pos - 1 : 0, skip = pos ? 0 : 1, n = CACHE_BLOCK - skip;
+    copy_rows(kv->latent + ((size_t)c->n_layers * T + first) * AD, mtp_rows + skip * AD, n, AD, to_cache);
+    copy_rows(kv->index_k + ((size_t)m->n_index_layers * T + first) * ID, mtp_keys + skip * ID, n, ID, to_cache);
+    copy_rows(h, block_h, 1, (size_t)c->hidden, to_cache);
 }
 
 /* How many of tokens[0..n) the cache holds as a prefix (whole blocks). */
@@ -224,12 +258,13 @@ static int cache_match(PrefixCache *pc, const int *tokens, int n) {
 }
 
 /* Fills positions 0..n-1 of kv from the cache (n a multiple of CACHE_BLOCK that
- * cache_match found); returns the id of the last block (0 if n is 0). */
-static long cache_load(PrefixCache *pc, const Model *m, const int *tokens, int n, KVCache *kv) {
+ * cache_match found), and with mtp h [H] with h_{n-1}; returns the id of the last block
+ * (0 if n is 0). */
+static long cache_load(PrefixCache *pc, const Model *m, const int *tokens, int n, KVCache *kv, float *h) {
     long last = 0;
     for (int pos = 0; pos < n; pos += CACHE_BLOCK) {
         CacheBlock *b = cache_find(pc, last, tokens + pos);
-        cache_copy(m, kv, pos, b->rows, 0);
+        cache_copy(pc, m, kv, pos, b->rows, 0, h);
         b->last_use = ++pc->clock;
         last = b->id;
     }
@@ -237,8 +272,9 @@ static long cache_load(PrefixCache *pc, const Model *m, const int *tokens, int n
 }
 
 /* The block of positions pos.. (tokens[0..CACHE_BLOCK)) after block `parent`, taken
- * from kv; returns its id (an existing block's if it is already there). */
-static long cache_insert(PrefixCache *pc, const Model *m, KVCache *kv, int pos, const int *tokens, long parent) {
+ * from kv (and with mtp h = h_{pos+15}); returns its id (an existing block's if it is
+ * already there). */
+static long cache_insert(PrefixCache *pc, const Model *m, KVCache *kv, int pos, const int *tokens, long parent, float *h) {
     CacheBlock *b = cache_find(pc, parent, tokens);
     if (!b) {
         if (!pc->cap) return 0;
@@ -249,7 +285,7 @@ static long cache_insert(PrefixCache *pc, const Model *m, KVCache *kv, int pos, 
         b->id = pc->next_id++;
         b->parent = parent;
         memcpy(b->tokens, tokens, sizeof b->tokens);
-        cache_copy(m, kv, pos, b->rows, 1);
+        cache_copy(pc, m, kv, pos, b->rows, 1, h);
     }
     b->last_use = ++pc->clock;
     return b->id;
@@ -273,6 +309,7 @@ typedef struct Job {
     float *logprob;           /* [cap_out] log p of each generated id under the model (before temperature) */
     int n_gen;                /* tokens sampled */
     int n_cached;             /* prompt tokens whose state came from the prefix cache */
+    long drafted, accepted;   /* --draft: MTP drafts proposed and accepted */
     int done;                 /* no more tokens will come; the engine holds no pointer to the job */
     const char *finish;       /* "stop" (end of sequence), "length" (max_tokens, context), "cancel" (the
                                  connection asked), "abort" (shutdown) */
@@ -294,19 +331,22 @@ typedef struct {
     long ticket;              /* admission order: older prompts prefill first */
     int n_blocks;             /* blocks of kv already offered to the prefix cache */
     long last_block;          /* the id of the last of them */
+    Speculator spec;          /* --draft: the drafts, the MTP layer's catch-up, the rollback */
+    float *ends_h;            /* --draft: [chunk / CACHE_BLOCK + 2][H] the hidden states at the block ends */
+    int ends_first;           /*   of the prompt chunk just run; ends_h[0]'s position */
 } Slot;
 
 typedef struct {
     ServeArgs args;
-    Model model;
+    Session S;                /* the model, the activations (RunState) and with --gpu the devices;
+                                 its own kv is unused: every slot has one */
     Tokenizer *tok;
     const char *model_id;
-    RunState state;
+    int drafts;               /* MTP drafts per step (--draft, or the backend's default); 0 = none */
     Slot *slot;               /* [parallel] */
-    float *logits;            /* [parallel][V] */
+    float *logits;            /* [parallel * (drafts + 1)][V] */
     float *scratch;           /* [V] one row of logits kept while sample() overwrites it */
     PrefixCache cache;
-    GpuModel *gpu;            /* --gpu: the devices' copy of the model and their KV cache, else NULL */
     int *script, n_script;    /* GLM_SERVE_SCRIPT (tests): every request "generates" these ids, then end of sequence */
     pthread_mutex_t mu;
     pthread_cond_t wake;      /* the engine: a job was queued or cancelled */
@@ -359,13 +399,14 @@ static void admit(void) {
         /* whole chunks of whole blocks only (see engine_step), and not the last token: its
          * logits are needed */
         const int unit = g.args.cache_unit, hit = cache_match(&g.cache, j->prompt, j->n_prompt - 1) / unit * unit;
-        sl->last_block = cache_load(&g.cache, &g.model, j->prompt, hit, &sl->kv);
+        sl->last_block = cache_load(&g.cache, &g.S.model, j->prompt, hit, &sl->kv, sl->ends_h);
+        if (g.drafts) spec_resume(&sl->spec, j->prompt, j->n_prompt, hit, sl->ends_h);
         sl->n_fed = sl->kv.pos = hit;
         sl->n_blocks = sl->n_fed / CACHE_BLOCK;
         j->n_cached = sl->n_fed;
         sl->ticket = g.next_ticket++;
         sampler_free(&sl->sp);
-        sampler_init(&sl->sp, j->temperature, j->top_p, j->seed, g.model.cfg.vocab_size);
+        sampler_init(&sl->sp, j->temperature, j->top_p, j->seed, g.S.model.cfg.vocab_size);
     }
 }
 
@@ -374,32 +415,38 @@ static int seq_token(const Slot *sl, int pos) {
     return pos < sl->job->n_prompt ? sl->job->prompt[pos] : sl->job->out[pos - sl->job->n_prompt];
 }
 
-/* Offers the slot's newly completed prompt blocks to the prefix cache. Only the prompt's:
- * positions a decode wrote come from other kernels than a prompt chunk would use, and
- * a later prompt that starts with them must get the rows its own chunks would compute. */
+/* Offers the slot's newly completed prompt blocks to the prefix cache. Only the prompt's
+ * whole chunks: positions a decode wrote, or the prompt's last chunk when it is shorter
+ * than --chunk, come from other kernels than a whole chunk uses, and a later prompt that
+ * starts with them must get the rows its own chunks would compute. With drafts, h is the
+ * hidden state at each block's last position, from the chunk just run (ends_h). */
 static void offer_blocks(Slot *sl) {
+    const int H = g.S.model.cfg.hidden, whole = sl->n_fed / g.args.chunk * g.args.chunk;
     int tokens[CACHE_BLOCK];
-    while ((sl->n_blocks + 1) * CACHE_BLOCK <= sl->n_fed) {
+    while ((sl->n_blocks + 1) * CACHE_BLOCK <= whole) {
         const int pos = sl->n_blocks * CACHE_BLOCK;
+        float *h = g.drafts ? sl->ends_h + (size_t)((pos + CACHE_BLOCK - 1 - sl->ends_first) / CACHE_BLOCK) * H : NULL;
         for (int i = 0; i < CACHE_BLOCK; i++) tokens[i] = seq_token(sl, pos + i);
-        sl->last_block = cache_insert(&g.cache, &g.model, &sl->kv, pos, tokens, sl->last_block);
+        sl->last_block = cache_insert(&g.cache, &g.S.model, &sl->kv, pos, tokens, sl->last_block, h);
         sl->n_blocks++;
     }
 }
 
-/* log Σ exp(logits): a token's log-probability is its logit minus this (before temperature). */
-static float log_sum_exp(const float *logits, int V) {
-    float mx = logits[0];
-    for (int i = 1; i < V; i++) mx = logits[i] > mx ? logits[i] : mx;
-    double sum = 0;
-    for (int i = 0; i < V; i++) sum += exp((double)logits[i] - mx);
-    return (float)(mx + log(sum));
+/* --draft, after a prompt chunk of B rows ending at position end: the hidden states at
+ * its block ends are kept for offer_blocks, then the MTP layer gets its rows. */
+static void prompt_chunk_mtp(Slot *sl, int B, int end) {
+    const int H = g.S.model.cfg.hidden, start = end - B;
+    const float *hid = spec_pending_end(&sl->spec); /* the chunk's rows, not yet counted as pending */
+    sl->ends_first = (start / CACHE_BLOCK + 1) * CACHE_BLOCK - 1;
+    for (int e = sl->ends_first, k = 0; e < end; e += CACHE_BLOCK, k++)
+        memcpy(sl->ends_h + (size_t)k * H, hid + (size_t)(e - start) * H, (size_t)H * sizeof(float));
+    spec_prompt_chunk(&sl->spec, &g.S, B);
 }
 
 /* Under g.mu: one sampled token (and its log-probability) for the slot's job. */
 static void take_token(Slot *sl, int tok, float logprob) {
     Job *j = sl->job;
-    const Config *c = &g.model.cfg;
+    const Config *c = &g.S.model.cfg;
     j->n_gen++;
     if (!j->t_first) j->t_first = now_s();
     if (!j->ignore_eos && is_eos(c, tok)) { job_finish(sl, j, "stop"); return; }
@@ -420,38 +467,72 @@ static void take_token(Slot *sl, int tok, float logprob) {
 }
 
 /* forward_batch, or with --gpu the GPU path's forward for the one sequence it serves
- * (its cache position is the host's kv.pos, as in session_forward). */
+ * (its cache position is the host's kv.pos, as in session_forward). logits gets what
+ * forward_batch writes: every row of a sequence with all_logits, else its last. */
 static void run_batch(const SeqTokens *seq, int n_seq, float *logits) {
 #ifdef GLM_GPU
-    if (g.gpu) {
+    if (g.S.gpu) {
         for (int i = 0; i < n_seq; i++) {
-            gpu_forward(g.gpu, seq[i].kv->pos, seq[i].tokens, seq[i].n, logits + (size_t)i * g.model.cfg.vocab_size, 0);
+            gpu_forward_hidden(g.S.gpu, seq[i].kv->pos, seq[i].tokens, seq[i].n, logits, seq[i].all_logits, seq[i].hidden);
             seq[i].kv->pos += seq[i].n;
+            logits += (size_t)(seq[i].all_logits ? seq[i].n : 1) * g.S.model.cfg.vocab_size;
         }
         return;
     }
 #endif
-    forward_batch(&g.model, &g.state, seq, n_seq, logits);
+    forward_batch(&g.S.model, &g.S.state, seq, n_seq, logits);
 }
 
-/* One step: every decoding slot's next token as one batch, then one chunk of the oldest
- * waiting prompt as another. A chunk covers positions [k·C, (k+1)·C) of its prompt (C =
- * --chunk) or the prompt's rest, and runs alone; the cache hands out whole chunks only.
- * So every row is computed the same way whatever else is running and whether the
- * prefix came from the cache: the fast path's products switch kernels with the number
- * of rows (and of tokens per expert), which would otherwise change the last bits of a
- * request's logits with its neighbours. A decode batch goes through the kernels whose
- * per-token sums do not depend on the batch (matvec_bf16_n). Returns 0 when there was
- * nothing to run. */
+/* The decode batch in groups of at most MATVEC_MAX_TOKENS rows, each group one
+ * forward_batch: within it every row computes as a lone token's (a larger batch would
+ * switch the products to the prompt's kernels). */
+static void run_decodes(const SeqTokens *seq, int n_seq, float *logits) {
+    const int V = g.S.model.cfg.vocab_size;
+    for (int i = 0; i < n_seq;) {
+        int n = 0, rows = 0;
+        while (i + n < n_seq && (n == 0 || rows + seq[i + n].n <= MATVEC_MAX_TOKENS)) rows += seq[i + n++].n;
+        run_batch(seq + i, n, logits);
+        for (int k = 0; k < n; k++) logits += (size_t)(seq[i + k].all_logits ? seq[i + k].n : 1) * V;
+        i += n;
+    }
+}
+
+/* Under g.mu: the slot's new tokens (from its row of logits, lg, or with drafts the
+ * verify step's accepted ones); the first one after the prompt comes from lg. */
+static void take_sampled(Slot *sl, float *lg) {
+    const int V = g.S.model.cfg.vocab_size;
+    const float lse = log_sum_exp(lg, V); /* before sample() turns lg into probabilities */
+    const int tok = sl->job->temperature > 0 ? -1 : argmax(lg, V);
+    if (tok < 0) memcpy(g.scratch, lg, (size_t)V * sizeof(float));
+    int t = tok >= 0 ? tok : sample(&sl->sp, lg, V);
+    if (g.script) t = sl->job->n_gen < g.n_script ? g.script[sl->job->n_gen] : g.S.model.cfg.eos[0];
+    take_token(sl, t, (tok >= 0 ? lg[t] : g.scratch[t]) - lse); /* greedy: lg is untouched */
+}
+
+/* One step: every decoding slot's next token (with --draft: its drafts, verified) as one
+ * batch, then one chunk of the oldest waiting prompt as another. A chunk covers positions
+ * [k·C, (k+1)·C) of its prompt (C = --chunk) or the prompt's rest, and runs alone; the
+ * cache hands out whole chunks only. So every row is computed the same way whatever else
+ * is running and whether the prefix came from the cache: the fast path's products switch
+ * kernels with the number of rows (and of tokens per expert), which would otherwise
+ * change the last bits of a request's logits with its neighbours. A decode batch goes
+ * through the kernels whose per-token sums do not depend on the batch (matvec_bf16_n),
+ * and so does a verify step's rows: drafting changes no greedy token and no
+ * log-probability. Returns 0 when there was nothing to run. */
 static int engine_step(void) {
-    const int P = g.args.parallel, V = g.model.cfg.vocab_size, C = g.args.chunk;
+    const int P = g.args.parallel, V = g.S.model.cfg.vocab_size, C = g.args.chunk;
     SeqTokens seq[P + 1];
-    int who[P + 1], n_seq = 0, best = -1;
+    int who[P + 1], n_draft[P + 1], tokens[P + 1][DRAFT_MAX + 1], n_seq = 0, best = -1, rows = 0;
     for (int i = 0; i < P; i++) {
         Slot *sl = &g.slot[i];
         if (!sl->job) continue;
         if (sl->n_fed == sl->job->n_prompt) {
-            seq[n_seq] = (SeqTokens){&sl->kv, &sl->next, 1};
+            n_draft[n_seq] = 0;
+            tokens[n_seq][0] = sl->next;
+            if (g.drafts) /* the MTP layer drafts (and first catches up on the last step's rows) */
+                n_draft[n_seq] = spec_draft(&sl->spec, &g.S, &sl->sp, sl->next, sl->job->max_tokens - sl->job->n_out, tokens[n_seq]);
+            seq[n_seq] = (SeqTokens){&sl->kv, tokens[n_seq], n_draft[n_seq] + 1, g.drafts, g.drafts ? spec_pending_end(&sl->spec) : NULL};
+            rows += seq[n_seq].n;
             who[n_seq++] = i;
         } else if (best < 0 || sl->ticket < g.slot[best].ticket) best = i;
     }
@@ -459,26 +540,38 @@ static int engine_step(void) {
     if (best >= 0) {
         Slot *sl = &g.slot[best];
         const int end = (sl->n_fed / C + 1) * C;
-        seq[n_seq] = (SeqTokens){&sl->kv, sl->job->prompt + sl->n_fed, (end < sl->job->n_prompt ? end : sl->job->n_prompt) - sl->n_fed};
+        seq[n_seq] = (SeqTokens){&sl->kv, sl->job->prompt + sl->n_fed, (end < sl->job->n_prompt ? end : sl->job->n_prompt) - sl->n_fed, 0,
+                                 g.drafts ? spec_pending_end(&sl->spec) : NULL};
         who[n_seq++] = best;
     }
     if (!n_seq) return 0;
-    if (n_decode) run_batch(seq, n_decode, g.logits);
-    if (n_seq > n_decode) run_batch(seq + n_decode, n_seq - n_decode, g.logits + (size_t)n_decode * V);
+    float *prompt_logits = g.logits + (size_t)rows * V;
+    if (n_decode) run_decodes(seq, n_decode, g.logits);
+    if (n_seq > n_decode) {
+        Slot *sl = &g.slot[best];
+        run_batch(seq + n_decode, 1, prompt_logits);
+        sl->n_fed += seq[n_decode].n;
+        if (g.drafts) prompt_chunk_mtp(sl, seq[n_decode].n, sl->n_fed);
+    }
     pthread_mutex_lock(&g.mu);
-    for (int k = 0; k < n_seq; k++) {
+    float *lg = g.logits; /* a decoding slot's rows: 1, or with drafts N + 1 */
+    for (int k = 0; k < n_decode; k++) {
         Slot *sl = &g.slot[who[k]];
-        if (sl->n_fed < sl->job->n_prompt) sl->n_fed += seq[k].n;
+        if (g.drafts) {
+            int out[DRAFT_MAX + 1];
+            float logprob[DRAFT_MAX + 1];
+            const int n = spec_accept(&sl->spec, &sl->sp, n_draft[k], lg, out, logprob);
+            sl->job->drafted += n_draft[k];
+            sl->job->accepted += n - 1;
+            for (int i = 0; i < n && sl->job; i++) take_token(sl, out[i], logprob[i]); /* the job may end on any of them */
+        } else
+            take_sampled(sl, lg);
+        lg += (size_t)seq[k].n * V;
+    }
+    if (n_seq > n_decode) {
+        Slot *sl = &g.slot[best];
         offer_blocks(sl);
-        if (sl->n_fed == sl->job->n_prompt) {
-            float *lg = g.logits + (size_t)k * V;
-            const float lse = log_sum_exp(lg, V); /* before sample() turns lg into probabilities */
-            const int tok = sl->job->temperature > 0 ? -1 : argmax(lg, V);
-            if (tok < 0) memcpy(g.scratch, lg, (size_t)V * sizeof(float));
-            int t = tok >= 0 ? tok : sample(&sl->sp, lg, V);
-            if (g.script) t = sl->job->n_gen < g.n_script ? g.script[sl->job->n_gen] : g.model.cfg.eos[0];
-            take_token(sl, t, (tok >= 0 ? lg[t] : g.scratch[t]) - lse); /* greedy: lg is untouched */
-        }
+        if (sl->n_fed == sl->job->n_prompt) take_sampled(sl, prompt_logits);
     }
     pthread_mutex_unlock(&g.mu);
     return 1;
@@ -588,7 +681,7 @@ static int completion_prompt(const JsonValue *root, Params *p, ReqError *e) {
     const JsonValue *v = json_get(root, "prompt");
     if (v && v->type == JSON_ARRAY && v->n == 1 && v->child->type != JSON_NUMBER) v = v->child;
     if (!v) return req_error(e, 400, "prompt", "prompt: required");
-    const int V = g.model.cfg.vocab_size;
+    const int V = g.S.model.cfg.vocab_size;
     if (v->type == JSON_STRING) {
         char err[256];
         p->n_prompt = tokenizer_encode(g.tok, v->str, v->str_len, &p->prompt, err, sizeof err);
@@ -953,9 +1046,11 @@ static void job_release(Job *j) {
 static void log_request(const Params *p, const Job *j, int status, const Output *o) {
     const double end = now_s(), ttft = j->t_first ? j->t_first - j->t_arrive : 0;
     const double gen = j->t_first && j->n_gen > 1 ? (j->n_gen - 1) / (end - j->t_first) : 0;
-    fprintf(stderr, "serve: %s-%ld %d in %d cached %d out %d ttft %.3f s %.1f tok/s %.3f s %s%s\n", p->chat ? "chatcmpl" : "cmpl", j->id,
+    char drafts[64] = "";
+    if (j->drafted) snprintf(drafts, sizeof drafts, " drafts %ld/%ld accepted", j->accepted, j->drafted);
+    fprintf(stderr, "serve: %s-%ld %d in %d cached %d out %d ttft %.3f s %.1f tok/s %.3f s %s%s%s\n", p->chat ? "chatcmpl" : "cmpl", j->id,
             status, j->n_prompt, j->n_cached, j->n_gen, ttft, gen, end - j->t_arrive, o ? finish_reason(o, j, 0) : "-",
-            p->stream ? " stream" : "");
+            p->stream ? " stream" : "", drafts);
 }
 
 /* Waits for the job's next tokens (copied into *ids), or its end. Returns how many; sets
@@ -1200,8 +1295,8 @@ static void serve_start(ServeArgs *a) {
 #ifdef _OPENMP
     if (a->threads) omp_set_num_threads(a->threads);
 #endif
-    model_load(&g.model, a->model_dir);
-    const Config *c = &g.model.cfg;
+    model_load(&g.S.model, a->model_dir);
+    const Config *c = &g.S.model.cfg;
     if (!a->ctx) a->ctx = c->max_pos < 4096 ? c->max_pos : 4096;
     char *tp = a->tokenizer ? xstrdup(a->tokenizer) : path_join(a->model_dir, "tokenizer.json"), err[512];
     if (!a->tokenizer && access(tp, R_OK) != 0)
@@ -1216,7 +1311,7 @@ static void serve_start(ServeArgs *a) {
         if (a->parallel > 1) fprintf(stderr, "serve: --parallel %d: the GPU path runs one sequence at a time; using 1\n", a->parallel);
         a->parallel = 1;
         a->cache_mb = 0;
-        g.gpu = gpu_load(&g.model, a->n_gpus, a->ctx);
+        g.S.gpu = gpu_load(&g.S.model, a->n_gpus, a->ctx);
 #else
         glm_fatal("--gpu: this glm was built without GPU support (build it with make hip, make cuda or make emu)");
 #endif
@@ -1233,7 +1328,7 @@ static void serve_start(ServeArgs *a) {
         }
         if (!c->n_eos) glm_fatal("GLM_SERVE_SCRIPT: the model has no end-of-sequence id");
     }
-    const double slot_bytes = g.gpu ? 0 : (double)kvcache_bytes(&g.model, a->ctx), avail = mem_available();
+    const double slot_bytes = g.S.gpu ? 0 : (double)kvcache_bytes(&g.S.model, a->ctx), avail = mem_available();
     if (!a->parallel) { /* as many as 40% of the free memory holds, 1..8 */
         double n = avail > 0 ? 0.4 * avail / slot_bytes : 1;
         a->parallel = n < 1 ? 1 : n > 8 ? 8 : (int)n;
@@ -1248,42 +1343,54 @@ static void serve_start(ServeArgs *a) {
     g.args = *a;
     const char *slash = strrchr(a->model_dir, '/');
     g.model_id = a->alias ? a->alias : slash && slash[1] ? slash + 1 : a->model_dir;
-    runstate_init(&g.state, c, a->chunk > a->parallel ? a->chunk : a->parallel, a->ctx); /* a prompt chunk, or every decode */
+    /* a prompt chunk, or a group of decodes (run_decodes) */
+    runstate_init(&g.S.state, c, a->chunk > MATVEC_MAX_TOKENS ? a->chunk : MATVEC_MAX_TOKENS, a->ctx);
     g.slot = xcalloc((size_t)a->parallel, sizeof(Slot));
     for (int i = 0; i < a->parallel; i++) {
-        if (g.gpu) g.slot[i].kv.ctx = a->ctx; /* positions only: the cache is on the devices */
-        else kvcache_init(&g.slot[i].kv, &g.model, a->ctx);
-        sampler_init(&g.slot[i].sp, 0, 1, 0, c->vocab_size);
+        Slot *sl = &g.slot[i];
+        if (g.S.gpu) sl->kv.ctx = a->ctx; /* positions only: the cache is on the devices */
+        else kvcache_init(&sl->kv, &g.S.model, a->ctx);
+        sampler_init(&sl->sp, 0, 1, 0, c->vocab_size);
+        /* the first slot says why drafts cannot run, if asked for; GLM_SERVE_SCRIPT's tokens are not the model's */
+        spec_open(&sl->spec, &g.S, &sl->kv, g.script ? 0 : i ? g.drafts : a->draft);
+        if (!i) g.drafts = sl->spec.n_draft;
+        if (g.drafts) sl->ends_h = xmalloc(((size_t)a->chunk / CACHE_BLOCK + 2) * c->hidden * sizeof(float));
     }
-    g.logits = xmalloc((size_t)a->parallel * c->vocab_size * sizeof(float));
+    g.logits = xmalloc(((size_t)a->parallel * (g.drafts + 1) + 1) * c->vocab_size * sizeof(float));
     g.scratch = xmalloc((size_t)c->vocab_size * sizeof(float));
-    cache_init(&g.cache, &g.model, (size_t)(a->cache_mb * 1048576.0));
+    cache_init(&g.cache, &g.S.model, (size_t)(a->cache_mb * 1048576.0), g.drafts > 0);
     pthread_mutex_init(&g.mu, NULL);
     pthread_cond_init(&g.wake, NULL);
     pthread_cond_init(&g.conns_done, NULL);
     fprintf(stderr, "glm: %s: %d layers, %.2f GB of weights, loaded in %.2f s; %s kernels, %s products\n", a->model_dir, c->n_layers,
-            g.model.weight_bytes / 1e9, now_s() - t0, ops.name, ops.precision);
-    if (g.gpu) fprintf(stderr, "serve: 1 sequence at a time on the GPU path, %d tokens of context (KV cache on the devices); no prefix cache\n", a->ctx);
+            g.S.model.weight_bytes / 1e9, now_s() - t0, ops.name, ops.precision);
+    if (g.S.gpu) fprintf(stderr, "serve: 1 sequence at a time on the GPU path, %d tokens of context (KV cache on the devices); no prefix cache\n", a->ctx);
     else
         fprintf(stderr, "serve: %d sequences x %d tokens of context = %.1f MiB of KV cache; prefix cache %.1f MiB (%d blocks of %d tokens); "
                         "prompt chunks of %d tokens\n",
                 a->parallel, a->ctx, a->parallel * slot_bytes / 1048576.0, g.cache.cap * (double)g.cache.block_bytes / 1048576.0, g.cache.cap,
                 CACHE_BLOCK, a->chunk);
+    if (g.drafts) fprintf(stderr, "serve: --draft %d: the MTP layer drafts %d tokens per step for each sequence\n", g.drafts, g.drafts);
 }
 
 static void serve_stop(void) {
 #ifdef GLM_GPU
-    if (g.gpu) gpu_free(g.gpu);
+    if (g.S.gpu) gpu_free(g.S.gpu);
 #endif
-    for (int i = 0; i < g.args.parallel; i++) { kvcache_free(&g.slot[i].kv); sampler_free(&g.slot[i].sp); }
+    for (int i = 0; i < g.args.parallel; i++) {
+        kvcache_free(&g.slot[i].kv);
+        sampler_free(&g.slot[i].sp);
+        spec_close(&g.slot[i].spec);
+        free(g.slot[i].ends_h);
+    }
     free(g.slot);
     free(g.logits);
     free(g.scratch);
     free(g.script);
     cache_free(&g.cache);
-    runstate_free(&g.state);
+    runstate_free(&g.S.state);
     tokenizer_free(g.tok);
-    model_free(&g.model);
+    model_free(&g.S.model);
 }
 
 int serve_main(int argc, char **argv) {

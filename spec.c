@@ -95,24 +95,28 @@ static int drafts_possible(const Session *S, int asked) {
     return n;
 }
 
-void spec_open(Speculator *sp, Session *S, int asked) {
+void spec_open(Speculator *sp, Session *S, KVCache *kv, int asked) {
     memset(sp, 0, sizeof *sp);
+    sp->kv = kv;
     sp->n_draft = drafts_possible(S, asked);
     if (!sp->n_draft) return;
     const Config *c = &S->model.cfg;
     const size_t H = (size_t)c->hidden, V = (size_t)c->vocab_size, N = (size_t)sp->n_draft;
-    sp->tok = xcalloc((size_t)S->kv.ctx + 1, sizeof(int));
+    sp->tok = xcalloc((size_t)kv->ctx + 1, sizeof(int));
     sp->pend = xmalloc(((size_t)S->state.cap + N + 2) * H * sizeof(float));
     sp->g = xmalloc(H * sizeof(float));
     sp->vlogits = xmalloc((N + 1) * V * sizeof(float));
     sp->q = xmalloc(N * V * sizeof(float));
     sp->w = xmalloc(V * sizeof(float));
+    sp->raw = xmalloc(V * sizeof(float));
     sp->step0.sel = xmalloc((size_t)c->index_topk * sizeof(int));
+    sp->H = H;
+    sp->V = V;
     read_oracle(sp, c->vocab_size);
 }
 
 void spec_close(Speculator *sp) {
-    free(sp->tok); free(sp->pend); free(sp->g); free(sp->vlogits); free(sp->q); free(sp->w); free(sp->step0.sel); free(sp->oracle);
+    free(sp->tok); free(sp->pend); free(sp->g); free(sp->vlogits); free(sp->q); free(sp->w); free(sp->raw); free(sp->step0.sel); free(sp->oracle);
     memset(sp, 0, sizeof *sp);
 }
 
@@ -123,8 +127,8 @@ static void catch_up(Speculator *sp, Session *S, int rows, float *logits, float 
     if (rows <= 0) return;
     const Model *m = &S->model;
     const size_t H = (size_t)m->cfg.hidden;
-    KVCache *kv = &S->kv;
-    session_mtp_forward_hidden(S, sp->pend, sp->tok + kv->mtp_pos + 1, rows, logits, 0, out_hidden,
+    KVCache *kv = sp->kv;
+    session_mtp_forward_hidden(S, kv, sp->pend, sp->tok + kv->mtp_pos + 1, rows, logits, 0, out_hidden,
                                m->cfg.index_share_mtp ? &sp->step0 : NULL);
     sp->n_pend -= rows;
     memmove(sp->pend, sp->pend + (size_t)rows * H, (size_t)sp->n_pend * H * sizeof(float));
@@ -144,7 +148,7 @@ static int reconcile(Speculator *sp, KVCache *kv, int keep) {
 }
 
 void spec_prefill(Speculator *sp, Session *S, const int *ids, int n, float *logits) {
-    KVCache *kv = &S->kv;
+    KVCache *kv = sp->kv;
     if (!sp->n_draft) { session_forward(S, kv, ids + kv->pos, n - kv->pos, logits, 0); return; }
     const Model *m = &S->model;
     const size_t H = (size_t)m->cfg.hidden;
@@ -155,10 +159,25 @@ void spec_prefill(Speculator *sp, Session *S, const int *ids, int n, float *logi
      * their MTP rows (the token after each is known) */
     while (kv->pos < n) {
         const int B = n - kv->pos < S->state.cap ? n - kv->pos : S->state.cap;
-        session_forward_hidden(S, ids + kv->pos, B, kv->pos + B == n ? logits : NULL, 0, sp->pend + (size_t)sp->n_pend * H);
-        sp->n_pend += B;
-        catch_up(sp, S, sp->n_pend - 1, NULL, NULL);
+        session_forward_hidden(S, kv, ids + kv->pos, B, kv->pos + B == n ? logits : NULL, 0, sp->pend + (size_t)sp->n_pend * H);
+        spec_prompt_chunk(sp, S, B);
     }
+}
+
+float *spec_pending_end(Speculator *sp) { return sp->pend + (size_t)sp->n_pend * sp->H; }
+
+void spec_prompt_chunk(Speculator *sp, Session *S, int B) {
+    sp->n_pend += B;
+    catch_up(sp, S, sp->n_pend - 1, NULL, NULL);
+}
+
+void spec_resume(Speculator *sp, const int *ids, int n, int pos, const float *h_last) {
+    KVCache *kv = sp->kv;
+    memcpy(sp->tok, ids, (size_t)n * sizeof(int));
+    kv->pos = pos;
+    kv->mtp_pos = pos > 0 ? pos - 1 : 0;
+    sp->n_pend = pos > 0;
+    if (pos > 0) memcpy(sp->pend, h_last, (size_t)sp->H * sizeof(float));
 }
 
 /* The token that drafts position pos: the oracle's (tests), else the MTP layer's
@@ -174,13 +193,13 @@ static int draft_token(Speculator *sp, Sampler *smp, float *q, int V, int pos) {
  * already in tok). The MTP layer's draft rows are left past P, to be rolled back. */
 static void draft(Speculator *sp, Session *S, Sampler *smp, int N) {
     const Model *m = &S->model;
-    const int V = m->cfg.vocab_size, P = S->kv.pos;
+    const int V = m->cfg.vocab_size, P = sp->kv->pos;
     catch_up(sp, S, sp->n_pend, sp->q, N > 1 ? sp->g : NULL);
     sp->draft[0] = draft_token(sp, smp, sp->q, V, P + 1);
     for (int j = 1; j < N; j++) {
         float *q = sp->q + (size_t)j * V;
-        if (m->cfg.index_share_mtp) session_mtp_draft_shared(S, sp->g, sp->draft[j - 1], q, sp->g, &sp->step0);
-        else session_mtp_forward_hidden(S, sp->g, &sp->draft[j - 1], 1, q, 0, sp->g, NULL);
+        if (m->cfg.index_share_mtp) session_mtp_draft_shared(S, sp->kv, sp->g, sp->draft[j - 1], q, sp->g, &sp->step0);
+        else session_mtp_forward_hidden(S, sp->kv, sp->g, &sp->draft[j - 1], 1, q, 0, sp->g, NULL);
         sp->draft[j] = draft_token(sp, smp, q, V, P + 1 + j);
     }
 }
@@ -198,48 +217,58 @@ static int accept_sampled(Speculator *sp, Sampler *smp, float *p, const float *q
     return 0;
 }
 
-/* Step 4: how many drafts are accepted (k), and the main model's token after them (*y). */
-static int accept(Speculator *sp, Sampler *smp, int N, int P, int V, int *y) {
+/* The verify pass's row j as the model's log-probabilities are read from it: sp->raw keeps
+ * the row's logits and *lse their log-sum-exp before sampling turns the row into
+ * probabilities (only when the caller asked for log-probabilities). */
+static void keep_row(Speculator *sp, const float *row, int V, int want, float *lse) {
+    if (!want) return;
+    memcpy(sp->raw, row, (size_t)V * sizeof(float));
+    *lse = log_sum_exp(row, V);
+}
+
+/* Step 4: how many drafts are accepted (k), and the main model's token after them (*y);
+ * logprob (if not NULL) [k + 1]: each emitted token's log-probability under the model. */
+static int accept(Speculator *sp, Sampler *smp, float *vlogits, int N, int P, int V, int *y, float *logprob) {
+    float lse = 0;
     for (int j = 0; j < N; j++) {
-        float *p = sp->vlogits + (size_t)j * V;
+        float *p = vlogits + (size_t)j * V;
+        keep_row(sp, p, V, logprob != NULL, &lse);
+        int taken;
         if (smp->temperature <= 0.0f) {
             *y = argmax(p, V);
-            if (*y != sp->draft[j]) return j;
-        } else if (!accept_sampled(sp, smp, p, sp->q + (size_t)j * V, sp->draft[j], P + 1 + j, V, y))
-            return j;
+            taken = *y == sp->draft[j];
+        } else
+            taken = accept_sampled(sp, smp, p, sp->q + (size_t)j * V, sp->draft[j], P + 1 + j, V, y);
+        if (logprob) logprob[j] = sp->raw[taken ? sp->draft[j] : *y] - lse;
+        if (!taken) return j;
     }
-    float *p = sp->vlogits + (size_t)N * V;
+    float *p = vlogits + (size_t)N * V;
+    keep_row(sp, p, V, logprob != NULL, &lse);
     if (smp->temperature <= 0.0f) *y = argmax(p, V);
     else { sampler_probs(smp, p, V); *y = sample_weights(smp, p, V); }
+    if (logprob) logprob[N] = sp->raw[*y] - lse;
     return N;
 }
 
-int spec_step(Speculator *sp, Session *S, Sampler *smp, int x, int max_new, float *logits, int *out) {
-    KVCache *kv = &S->kv;
-    if (!sp->n_draft) {
-        session_forward(S, kv, &x, 1, logits, 0);
-        out[0] = session_sample(S, smp, logits);
-        return 1;
-    }
-    const Model *m = &S->model;
-    const int V = m->cfg.vocab_size, P = kv->pos;
+int spec_draft(Speculator *sp, Session *S, Sampler *smp, int x, int max_new, int *seq) {
+    KVCache *kv = sp->kv;
+    const int P = kv->pos;
     int N = sp->n_draft; /* no more drafts than tokens wanted, nor past the context */
     if (N > max_new - 1) N = max_new - 1;
     if (N > kv->ctx - 1 - P) N = kv->ctx - 1 - P;
     if (N < 0) N = 0;
     sp->tok[P] = x;
-    if (N == 0) { /* a plain step, its hidden state pending like any other */
-        catch_up(sp, S, sp->n_pend, NULL, NULL);
-        session_forward_hidden(S, &x, 1, logits, 0, sp->pend);
-        sp->n_pend = 1;
-        out[0] = session_sample(S, smp, logits);
-        return 1;
-    }
-    draft(sp, S, smp, N);
-    int seq[GLM_MAX_DRAFT + 1] = {x};
+    seq[0] = x;
+    if (N == 0) catch_up(sp, S, sp->n_pend, NULL, NULL); /* a plain step, its hidden state pending like any other */
+    else draft(sp, S, smp, N);
     memcpy(seq + 1, sp->draft, (size_t)N * sizeof(int));
-    session_forward_hidden(S, seq, N + 1, sp->vlogits, 1, sp->pend); /* the pending list is empty after step 0 */
-    int y, k = accept(sp, smp, N, P, V, &y);
+    return N;
+}
+
+int spec_accept(Speculator *sp, Sampler *smp, int N, float *vlogits, int *out, float *logprob) {
+    KVCache *kv = sp->kv;
+    const int V = (int)sp->V, P = kv->pos - (N + 1); /* the verify pass cached x and the N drafts */
+    int y, k = accept(sp, smp, vlogits, N, P, V, &y, logprob);
     kv->pos = P + k + 1;           /* x and the accepted drafts */
     kv->mtp_pos = P;               /* the draft rows go; catch-up redoes them from the main model's h */
     sp->n_pend = k + 1;            /* h_P .. h_{P+k} */
@@ -247,10 +276,31 @@ int spec_step(Speculator *sp, Session *S, Sampler *smp, int x, int max_new, floa
     sp->tok[P + k + 1] = y;
     memcpy(out, sp->draft, (size_t)k * sizeof(int));
     out[k] = y;
-    sp->steps++;
-    sp->drafted += N;
-    sp->accepted += k;
+    if (N) {
+        sp->steps++;
+        sp->drafted += N;
+        sp->accepted += k;
+    }
     return k + 1;
+}
+
+int spec_step(Speculator *sp, Session *S, Sampler *smp, int x, int max_new, float *logits, int *out) {
+    KVCache *kv = sp->kv;
+    if (!sp->n_draft) {
+        session_forward(S, kv, &x, 1, logits, 0);
+        out[0] = session_sample(S, smp, logits);
+        return 1;
+    }
+    int seq[GLM_MAX_DRAFT + 1];
+    const int N = spec_draft(sp, S, smp, x, max_new, seq);
+    if (N == 0) { /* one row: its logits stay on the device for session_sample (GPU) */
+        session_forward_hidden(S, kv, &x, 1, logits, 0, sp->pend);
+        sp->n_pend = 1;
+        out[0] = session_sample(S, smp, logits);
+        return 1;
+    }
+    session_forward_hidden(S, kv, seq, N + 1, sp->vlogits, 1, sp->pend); /* the pending list is empty after step 0 */
+    return spec_accept(sp, smp, N, sp->vlogits, out, NULL);
 }
 
 void spec_truncate(Speculator *sp, KVCache *kv, int pos) {

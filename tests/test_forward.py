@@ -555,6 +555,23 @@ def t_logits_bf16(v):
     return "; ".join(out)
 
 
+def t_few_rows_as_decode(v):
+    # A pass over up to 7 tokens (a --draft verify step) computes each row as a one-token
+    # step does, with bf16 and with fp32 products: its logits equal --decode's bit for bit,
+    # so drafting changes no greedy token (glm serve --draft's log-probabilities rely on it).
+    c = CK[v]
+    ids = c["ids"][:7]
+    out = []
+    for prec in ("--bf16", "--fp32"):
+        a = glm_logits(c["dir"], ids, [prec], tag=v + "-few" + prec)
+        b = glm_logits(c["dir"], ids, [prec, "--decode"], tag=v + "-few-decode" + prec)
+        diff = np.nonzero((a != b).any(1))[0]
+        check(len(diff) == 0, "%s: 7-token pass vs --decode differ at positions %s (max rel %.2g)"
+              % (prec, list(diff), rel_rows(a, b).max()))
+        out.append("%s identical" % prec[2:])
+    return ", ".join(out)
+
+
 def t_no_mmap():
     # --no-mmap reads the shards into memory instead of mapping them: same bytes, same logits
     c = CK["mixed"]
@@ -1169,6 +1186,8 @@ def main():
         test("logits_%s" % v, t_logits, v)
         test("decode_%s" % v, t_decode, v)
         test("logits_bf16_%s" % v, t_logits_bf16, v)
+        if not os.environ.get("SAN") or v in ("bf16", "mxfp4"):  # the sanitizer pass: two formats
+            test("few_rows_as_decode_%s" % v, t_few_rows_as_decode, v)
         test("logits_plain_%s" % v, t_logits_plain, v)
     test("ctx_limit_ok", t_ctx_ok)
     test("no_mmap_same_logits", t_no_mmap)

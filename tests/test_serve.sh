@@ -22,6 +22,10 @@
 #   first, every prompt uncached, then alone; and the same with the default bf16 products);
 # - the prefix cache: a 220-token prompt after its first 200 starts from >= 192 cached
 #   positions (16-token blocks, handed out in whole --chunk chunks); --cache-mb 0: none;
+# - --draft N (the MTP layer drafts; the tiny model has one): greedy tokens and logprobs
+#   bit-identical to a server without drafts, alone, 4 together (SAN=1: 2) and from the prefix
+#   cache, with fp32 and (not SAN=1) with bf16 products; seeded sampling batch invariant; drafts that are
+#   glm run's greedy continuation (GLM_DRAFT_ORACLE) all accepted, the text glm run's;
 # - load: 500 requests from 32 clients (SAN=1: 50 from 16), streamed and not, every one
 #   answered with its exact token count and a distinct id; RSS (+30 MB; SAN=1: +100 MB) and
 #   the open descriptors come back;
@@ -72,13 +76,13 @@ py() {
     return 0
 }
 # SAN=1 (ASan + UBSan, several times slower): less load, fewer and shorter plain-C prompts
-if [ -n "$SAN" ] && [ "$SAN" != 0 ]; then SAN_MUL=3; N_LOAD=50; C_LOAD=16; N_INV=2; T_INV=8
-else SAN_MUL=1; N_LOAD=500; C_LOAD=32; N_INV=8; T_INV=16; fi
+if [ -n "$SAN" ] && [ "$SAN" != 0 ]; then SAN_MUL=3; N_LOAD=50; C_LOAD=16; N_INV=2; T_INV=8; N_DRAFT=2
+else SAN_MUL=1; N_LOAD=500; C_LOAD=32; N_INV=8; T_INV=16; N_DRAFT=4; fi
 
 . tests/tokenizer_json.sh
 if ! need_tokenizer; then echo "FAIL $TOK_WHY"; echo "0 passed, 1 failed"; exit 1; fi
 if [ ! -x "$GLM" ]; then echo "FAIL $GLM not found (run make)"; echo "0 passed, 1 failed"; exit 1; fi
-if ! $GLM synth "$out/m" --tiny --seed 3 --tokenizer "$TOK" >/dev/null 2>"$out/synth.err"; then
+if ! $GLM synth "$out/m" --tiny --mtp --seed 3 --tokenizer "$TOK" >/dev/null 2>"$out/synth.err"; then
     echo "FAIL synth the tiny model: $(tr '\n' ' ' < "$out/synth.err")"; echo "0 passed, 1 failed"; exit 1
 fi
 
@@ -155,6 +159,20 @@ if start main -- --fp32 --parallel 8 --chunk 24; then
     ok "$(echo "$res" | awk '{print ($1 == 200 && $2 < 0.8) ? 1 : 0}')" "curl_expect_100_continue_no_delay (HTTP code, seconds: $res)"
 fi
 
+# --draft (the model has the MTP layer): greedy tokens and logprobs bit-identical to the main
+# server's (the same flags, no drafts), alone, together and from the prefix cache
+if [ -n "${MAIN_URL:-}" ] && start drafts -- --fp32 --parallel 8 --chunk 24 --draft 3; then
+    py drafts "$URL" "$MAIN_URL" fp32 "$N_DRAFT"
+    kill "$PID" 2>/dev/null
+fi
+# drafts that are glm run's greedy continuation (GLM_DRAFT_ORACLE): every one accepted
+OP=$(seq 500 523 | tr '\n' , | sed 's/,$//')
+OW=$($GLM run -m "$out/m" --ids "$OP" -n 16 --temp 0 2>/dev/null | tr -s ' \n' ',' | sed 's/^,//; s/,$//')
+if [ -n "$OW" ] && start oracle "GLM_DRAFT_ORACLE=$OP,$OW" -- --fp32 --parallel 2 --chunk 24 --draft 3; then
+    py oracle "$URL" "$OP" "$OW" "$out/oracle.log" "$GLM" "$out/m"
+    kill "$PID" 2>/dev/null
+fi
+
 # --api-key, --alias, a short context, a small body limit
 KEY=secret
 if start limits -- --api-key "$KEY" --alias tiny-glm --ctx 64 --max-body 2048 --parallel 2; then
@@ -217,6 +235,14 @@ if start load -- --parallel 16 --cache-mb 1 --bf16; then
     # the default bf16 products too: a batch of decodes (matvec_bf16_n, the few-token MoE pool)
     # gives each sequence its lone logits, bit for bit
     py invariance "$URL" fast_bf16 "$N_INV" "$T_INV"
+    # --draft with the default bf16 products: the same as this server's, bit for bit (not under
+    # SAN=1: the fp32 drafts above ran the same code under the sanitizers)
+    LOAD_URL=$URL
+    if [ "$SAN_MUL" = 1 ] && start drafts_bf16 -- --parallel 4 --cache-mb 4 --bf16 --draft 3; then
+        py drafts "$URL" "$LOAD_URL" bf16 "$N_DRAFT"
+        kill "$PID" 2>/dev/null
+    fi
+    URL=$LOAD_URL
     py load "$URL" "$LOAD_PID" "$GLM" "$N_LOAD" "$C_LOAD"
     # SIGTERM under load (32 clients, streamed and not, running and queued): exit 0 within 5 s,
     # and every client gets an answer or a closed connection (loadgen ends)

@@ -28,6 +28,12 @@ standard library: http.client, socket, threading. The groups and what they need:
                                     together: the same tokens and logprobs, bit for bit; MODE c
                                     (plain C kernels): alone first, then the prefix cache; MODE fast
                                     (default kernels): together first, and seeded sampling
+    drafts URL REF MODE [N]         a --draft server (URL) against one without drafts (REF, the same
+                                    flags otherwise): N prompts (4) sharing 300 ids give the same greedy
+                                    tokens and bit-identical logprobs alone, together and from the prefix
+                                    cache; a seeded sampled text repeats alone and together
+    oracle URL PROMPT WANT LOG GLM MODEL  a --draft server whose drafts are the greedy continuation
+                                    (GLM_DRAFT_ORACLE): WANT's text, every draft accepted (its LOG)
     load URL PID GLM N C            a glm loadgen warm-up, then N requests from C clients; RSS and
                                     descriptors after them
 """
@@ -35,6 +41,7 @@ import http.client
 import json
 import os
 import random
+import re
 import signal
 import socket
 import subprocess
@@ -981,6 +988,63 @@ def g_invariance(url, mode, n="8", mt="16"):
            alone[0][3], again[3], again[1] == alone[0][1], again[2] == alone[0][2]))
 
 
+def g_drafts(url, ref, mode, n="4"):
+    """Drafting changes nothing a client sees: greedy tokens and their log-probabilities are
+    the server's without drafts, bit for bit (a verify step's rows compute as decoded
+    tokens), alone, together and from the prefix cache; seeded sampling is batch invariant."""
+    n = int(n)
+    s, r = Server(url), Server(ref)
+    base = 120000 if mode == "fp32" else 130000
+    shared = ids(base, 300, 31)
+    prompts = [shared + ids(base + 1000 * (i + 1), 20 + 3 * i, 40 + i) for i in range(n)]
+
+    def one(srv, p):
+        st, j, raw = srv.post("/v1/completions", C(p, max_tokens=12, temperature=0, ignore_eos=True, logprobs=1))
+        if st != 200:
+            raise RuntimeError("HTTP %d %r" % (st, raw[:200]))
+        lp = j["choices"][0]["logprobs"]
+        return lp["tokens"], lp["token_logprobs"], j["usage"]["prompt_tokens_details"]["cached_tokens"]
+    try:
+        want = [one(r, p) for p in prompts]
+        together = concurrently([lambda p=p: one(s, p) for p in prompts])
+        errs = [x for x in together if isinstance(x, Exception)]
+        if errs:
+            raise errs[0]
+        alone = [one(s, p) for p in prompts]
+    except Exception as x:
+        ok(False, "drafts_" + mode, x)
+        return
+    for name, got in (("together", together), ("alone_cached", alone)):
+        diff = [i for i in range(n) if got[i][:2] != want[i][:2]]
+        ok(not diff, "drafts_%s_%s_tokens_and_logprobs_as_without" % (mode, name),
+           "prompt %r: drafts %r, without %r" % (diff[:1], diff and got[diff[0]][:2], diff and want[diff[0]][:2]))
+    ok(all(a[2] > 0 for a in alone), "drafts_%s_prefix_cache_hits" % mode, "cached %r" % [a[2] for a in alone])
+
+    def sampled(i):
+        st, j, raw = s.post("/v1/completions", C(prompts[i], max_tokens=12, temperature=1, seed=2000 + i, ignore_eos=True))
+        return text_of(j) if st == 200 else "HTTP %d" % st
+    together = concurrently([lambda i=i: sampled(i) for i in range(n)])
+    alone = [sampled(i) for i in range(n)]
+    ok(together == alone, "drafts_%s_seeded_sampling_batch_invariant" % mode, "alone %r, together %r" % (alone, together))
+
+
+def g_oracle(url, prompt, want, log, glm, model):
+    """Drafts that are the greedy continuation (GLM_DRAFT_ORACLE) are all accepted: long
+    accepted prefixes, the rollback past them, and the text still glm run's."""
+    s = Server(url)
+    prompt = [int(x) for x in prompt.split(",")]
+    want = [int(x) for x in want.split(",")]
+    text = glm_decode(glm, model, want).rstrip("\n")
+    got = []
+    for _ in range(2):
+        st, j, raw = s.post("/v1/completions", C(prompt, max_tokens=len(want), temperature=0, ignore_eos=True))
+        got.append(text_of(j).rstrip("\n") if st == 200 else "HTTP %d %r" % (st, raw[:200]))
+    ok(got == [text, text], "oracle_drafts_text_is_glm_runs", "serve %r, glm run %r" % (got, text))
+    time.sleep(0.2)  # the log line follows the response
+    acc = re.findall(r"drafts (\d+)/(\d+) accepted", open(log).read())
+    ok(len(acc) == 2 and all(a == b and int(b) > 0 for a, b in acc), "oracle_drafts_all_accepted", "log: %r" % acc)
+
+
 def proc_rss_kb(pid):
     with open("/proc/%s/status" % pid) as f:
         for l in f:
@@ -1197,7 +1261,7 @@ def g_script2(url, answer):
 
 
 GROUPS = {"basic": g_basic, "completions": g_completions, "chat": g_chat, "stream": g_stream, "errors": g_errors,
-          "limits": g_limits, "cache": g_cache, "continuation": g_continuation, "nocache": g_nocache, "queue": g_queue, "disconnect": g_disconnect,
+          "limits": g_limits, "cache": g_cache, "continuation": g_continuation, "nocache": g_nocache, "queue": g_queue, "disconnect": g_disconnect, "drafts": g_drafts, "oracle": g_oracle,
           "sigterm": g_sigterm, "sigint": g_sigint, "invariance": g_invariance, "load": g_load, "tools": g_tools,
           "cache_chunk": g_cache_chunk, "script2": g_script2}
 

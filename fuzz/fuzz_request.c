@@ -20,7 +20,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
     for (size_t i = 0; i < sizeof paths / sizeof *paths && !g.tok; i++)
         if (paths[i] && access(paths[i], R_OK) == 0) g.tok = tokenizer_load(paths[i], err, sizeof err);
     if (!g.tok) { fprintf(stderr, "fuzz_request: no tokenizer.json (make build/tokenizer.json)\n"); exit(1); }
-    g.model.cfg.vocab_size = tokenizer_vocab_size(g.tok);
+    g.S.model.cfg.vocab_size = tokenizer_vocab_size(g.tok);
     g.args.ctx = 4096;
     g.model_id = "fuzz";
     return 0;
@@ -48,7 +48,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         params_free(&p);
         return 0;
     }
-    const int V = g.model.cfg.vocab_size;
+    const int V = g.S.model.cfg.vocab_size;
     if (p.n_prompt < 1 || !(p.temperature >= 0 && p.temperature <= 2) || !(p.top_p > 0 && p.top_p <= 1) || p.n_stop > 4) abort();
     for (int i = 0; i < p.n_prompt; i++) if (p.prompt[i] < 0 || p.prompt[i] >= V) abort();
     /* a response from "generated" ids: two bytes each */

@@ -74,6 +74,17 @@
 #define hipEventRecord cudaEventRecord
 #define hipEventSynchronize cudaEventSynchronize
 #define hipEventElapsedTime cudaEventElapsedTime
+#define hipStreamCreate cudaStreamCreate
+#define hipStreamDestroy cudaStreamDestroy
+#define hipGraph_t cudaGraph_t
+#define hipGraphExec_t cudaGraphExec_t
+#define hipStreamBeginCapture cudaStreamBeginCapture
+#define hipStreamEndCapture cudaStreamEndCapture
+#define hipStreamCaptureModeThreadLocal cudaStreamCaptureModeThreadLocal
+#define hipGraphInstantiateWithFlags cudaGraphInstantiateWithFlags
+#define hipGraphLaunch cudaGraphLaunch
+#define hipGraphDestroy cudaGraphDestroy
+#define hipGraphExecDestroy cudaGraphExecDestroy
 
 #else /* HIP on AMD */
 #include <hip/hip_runtime.h>
@@ -115,10 +126,15 @@ __device__ __forceinline__ int shfl_xor_any(int v, int m) { return shfl_xor_i32(
 #include <math.h>
 #include <stdint.h>
 
-/* Every launch is counted (gpu_launch_count): glm plan's launches per token
- * (tools/plan.c) are checked against this count under the emulation. */
-static long g_launches;
-#define LAUNCHED(...) do { g_launches++; LAUNCH(__VA_ARGS__); } while (0)
+/* Every kernel run is counted (gpu_launch_count; a replayed graph adds its kernels):
+ * glm plan's launches per token (tools/plan.c) are checked against this count under the
+ * emulation. Launches go to g_stream: the null stream, except while a decode step is
+ * captured into a graph (gpu_graph_step), when g_pos_dev also points the kernels that
+ * take a position at the device's copy of it. */
+static long g_launches, g_graph_launches, g_graph_captures;
+static hipStream_t g_stream;
+static const int *g_pos_dev;
+#define LAUNCHED(k, grid, block, shmem, stream, ...) do { g_launches++; (void)(stream); LAUNCH(k, grid, block, shmem, g_stream, __VA_ARGS__); } while (0)
 
 /* Which kernels run where a fast kernel sits beside its plain one: the plain ones are
  * the kernel tests' reference and, with GLM_GPU_KERNELS=plain, what a user on new
@@ -1285,7 +1301,9 @@ __device__ __forceinline__ void rope_pair(float *u, int i, const float *cs) {
     u[2 * i + 1] = a * s + b * c;
 }
 
-__global__ void __launch_bounds__(BLOCK) k_rope(float *v, int ld_tok, int nvec, int stride, int off, int dims, int pos0, const float *table) {
+__global__ void __launch_bounds__(BLOCK) k_rope(float *v, int ld_tok, int nvec, int stride, int off, int dims, int pos0, const float *table,
+                                                const int *pos_dev) {
+    if (pos_dev) pos0 = *pos_dev; /* a captured decode step: the position from device memory (see gpu_graph_step) */
     int t = blockIdx.x, half = dims / 2;
     const float *cs = table + (size_t)(pos0 + t) * dims;
     for (int j = threadIdx.x; j < nvec * half; j += blockDim.x)
@@ -1314,7 +1332,8 @@ __device__ void kv_append_row(float *latent, const float *ckv, const float *norm
 /* attention()'s RoPE of the query heads and the cache append of the same token, one
  * launch: the two touch different data (q; ckv -> the cache row). */
 __global__ void __launch_bounds__(BLOCK) k_rope_q_kv_append(float *q, int ld_tok, int nvec, int stride, int off, float *latent, const float *ckv,
-                                                            const float *norm_w, int KR, int DR, int pos0, const float *table) {
+                                                            const float *norm_w, int KR, int DR, int pos0, const float *table, const int *pos_dev) {
+    if (pos_dev) pos0 = *pos_dev;
     int t = blockIdx.x, half = DR / 2;
     const float *cs = table + (size_t)(pos0 + t) * DR;
     for (int j = threadIdx.x; j < nvec * half; j += blockDim.x)
@@ -1355,7 +1374,9 @@ __global__ void __launch_bounds__(BLOCK) k_add_rmsnorm(float *x, const float *y,
 
 /* The token's indexer key: LayerNorm with bias (eps 1e-6), then RoPE on the first
  * DR dims, written straight into the indexer-key cache. */
-__global__ void __launch_bounds__(BLOCK) k_ix_key(float *cache, const float *ix_k, const float *w, const float *b, int ID, int DR, int pos0, const float *table) {
+__global__ void __launch_bounds__(BLOCK) k_ix_key(float *cache, const float *ix_k, const float *w, const float *b, int ID, int DR, int pos0, const float *table,
+                                                  const int *pos_dev) {
+    if (pos_dev) pos0 = *pos_dev;
     int t = blockIdx.x;
     const float *x = ix_k + (size_t)t * ID;
     float *k = cache + (size_t)(pos0 + t) * ID;
@@ -1374,7 +1395,9 @@ __global__ void __launch_bounds__(BLOCK) k_ix_key(float *cache, const float *ix_
 /* score[t][j] = Σ_h (w[h]/sqrt(IH)) · ReLU(q_h · k_j / sqrt(ID)) for every visible key j.
  * One thread per key, heads and dims in glm.c's order. Tokens that see at most
  * index_topk keys keep them all and need no scores. */
-__global__ void __launch_bounds__(BLOCK) k_ix_scores(float *scores, int ld, const float *ix_q, const float *ix_w, const float *cache, int IH, int ID, int K, int pos0) {
+__global__ void __launch_bounds__(BLOCK) k_ix_scores(float *scores, int ld, const float *ix_q, const float *ix_w, const float *cache, int IH, int ID, int K, int pos0,
+                                                     const int *pos_dev) {
+    if (pos_dev) pos0 = *pos_dev;
     int t = blockIdx.y, visible = pos0 + t + 1, j = blockIdx.x * blockDim.x + threadIdx.x;
     if (visible <= K || j >= visible) return;
     const float q_scale = 1.0f / sqrtf((float)ID), w_scale = 1.0f / sqrtf((float)IH);
@@ -1404,7 +1427,8 @@ __global__ void __launch_bounds__(BLOCK) k_ix_scores(float *scores, int ld, cons
  * weighted ReLU terms go to shared memory and are added over h = 0..IH-1 in order, so a
  * score has k_ix_scores' operations in k_ix_scores' order. Long contexts give many blocks. */
 __global__ void __launch_bounds__(BLOCK) k_ix_scores_tiled(float *scores, int ld, const float *ix_q, const float *ix_w, const float *cache, int IH, int ID, int K, int pos0,
-                                                           int n) {
+                                                           int n, const int *pos_dev) {
+    if (pos_dev) pos0 = *pos_dev;
     __shared__ float q_s[IX_HEADS * IX_DIM];
     __shared__ float k_s[IX_KEYS][IX_DIM + 1]; /* +1: the lanes of a wave read 32 different rows */
     __shared__ float term[IX_HEADS][IX_KEYS + 1];
@@ -1505,7 +1529,8 @@ __device__ void topk_block(const float *score, int nv, int k, int *sel) {
     }
 }
 
-__global__ void __launch_bounds__(BLOCK) k_topk(const float *scores, int ld, int K, int pos0, int *sel_all, int *n_sel) {
+__global__ void __launch_bounds__(BLOCK) k_topk(const float *scores, int ld, int K, int pos0, int *sel_all, int *n_sel, const int *pos_dev) {
+    if (pos_dev) pos0 = *pos_dev;
     int t = blockIdx.x, visible = pos0 + t + 1;
     int *sel = sel_all + (size_t)t * K;
     if (visible <= K) { /* every visible key is kept: attention is dense causal */
@@ -2290,6 +2315,15 @@ struct GMtp {            /* the MTP layer (glm.h Mtp) on the last device, its ca
     float *enorm, *hnorm, *head_norm;
 };
 
+#define GRAPH_KEY 6      /* tokens, indexer grid, attention slices and length, all_logits, hidden */
+#define GRAPH_CACHE 4    /* captured steps kept: a decode step and --draft's verify step alternate */
+struct GpuGraph {
+    hipGraphExec_t exec; /* NULL: unused */
+    int key[GRAPH_KEY];  /* the launch shapes it holds (graph_key) */
+    long kernels;        /* its kernels (the launch counter adds them at each replay) */
+    unsigned long last_use;
+};
+
 struct GpuModel {
     const Model *m;
     Config c;
@@ -2301,6 +2335,12 @@ struct GpuModel {
     GMtp *mtp;           /* NULL: the checkpoint has no MTP layer */
     size_t upload_total, upload_done;
     double upload_t0;
+    /* decode and verify steps as graphs (graph_step; GLM_GPU_GRAPH=0: off) */
+    int graphs;
+    hipStream_t stream;  /* where the graphs are captured and launched */
+    int *pos_dev;        /* [1] on device 0: the step's position, which captured kernels read */
+    GpuGraph graph[GRAPH_CACHE]; /* the captured steps, the least recently used replaced */
+    unsigned long graph_clock;
 };
 
 static size_t mat_bytes(const Mat *W, size_t *scale_bytes) {
@@ -2631,8 +2671,17 @@ static void choose_kernels(void) {
     else glm_fatal("GLM_GPU_KERNELS=%s: expected fast or plain", k);
 }
 
+/* GLM_GPU_GRAPH: "1" (the default) or "0" */
+static int choose_graphs(void) {
+    const char *e = getenv("GLM_GPU_GRAPH");
+    if (!e || !*e || !strcmp(e, "1")) return 1;
+    if (!strcmp(e, "0")) return 0;
+    glm_fatal("GLM_GPU_GRAPH=%s: expected 1 or 0", e);
+}
+
 extern "C" GpuModel *gpu_load(const Model *m, int n_gpus, int ctx) {
     choose_kernels();
+    const int graphs = choose_graphs();
     int count = 0;
     hipError_t e = hipGetDeviceCount(&count);
     if (e != hipSuccess || count == 0) glm_fatal("--gpu: no GPU found (%s)", e != hipSuccess ? hipGetErrorString(e) : "0 devices");
@@ -2764,14 +2813,29 @@ extern "C" GpuModel *gpu_load(const Model *m, int n_gpus, int ctx) {
     g->upload_done = g->upload_total;
     progress("gpu: uploading weights", g->upload_done, g->upload_total, g->upload_t0);
     CHECK(hipSetDevice(0));
+    g->graphs = graphs;
+    if (g->graphs) {
+        CHECK(hipStreamCreate(&g->stream));
+        CHECK(hipMalloc((void **)&g->pos_dev, sizeof(int)));
+    }
     return g;
 }
 
 extern "C" long gpu_launch_count(void) { return g_launches; }
 
 extern "C" void gpu_free(GpuModel *g) {
-    if (getenv("GLM_GPU_LAUNCHES")) fprintf(stderr, "glm: gpu: %ld kernel launches\n", g_launches);
+    if (getenv("GLM_GPU_LAUNCHES")) {
+        fprintf(stderr, "glm: gpu: %ld kernel launches\n", g_launches);
+        fprintf(stderr, "glm: gpu: %ld steps as graphs, %ld captures\n", g_graph_launches, g_graph_captures);
+    }
     if (!g) return;
+    if (g->graphs) {
+        CHECK(hipSetDevice(0));
+        for (int i = 0; i < GRAPH_CACHE; i++)
+            if (g->graph[i].exec) CHECK(hipGraphExecDestroy(g->graph[i].exec));
+        CHECK(hipStreamDestroy(g->stream));
+        CHECK(hipFree(g->pos_dev));
+    }
     for (int d = 0; d < g->n_dev; d++) {
         GDev *D = &g->dev[d];
         CHECK(hipSetDevice(d));
@@ -2842,17 +2906,17 @@ static void indexer_select(GpuModel *g, GDev *D, const GLayer *L, int n, int pos
     matmul(D->ix_q, D->cq, L->ix_wq_b, n);
     matmul(D->ix_k, D->a, L->ix_wk, n);
     matmul(D->ix_w, D->a, L->ix_weights, n);
-    LAUNCHED(k_rope, dim3(n), dim3(BLOCK), 0, 0, D->ix_q, IH * ID, IH, ID, 0, c->qk_rope, pos0, (const float *)D->rope);
+    LAUNCHED(k_rope, dim3(n), dim3(BLOCK), 0, 0, D->ix_q, IH * ID, IH, ID, 0, c->qk_rope, pos0, (const float *)D->rope, g_pos_dev);
     LAUNCHED(k_ix_key, dim3(n), dim3(BLOCK), 0, 0, L->index_k, (const float *)D->ix_k, (const float *)L->ix_knorm_w, (const float *)L->ix_knorm_b, ID, c->qk_rope, pos0,
-           (const float *)D->rope);
+           (const float *)D->rope, g_pos_dev);
     int vmax = pos0 + n;
     if (vmax > K && !g_plain_kernels && ix_fast(c))
         LAUNCHED(k_ix_scores_tiled, dim3((vmax + IX_KEYS - 1) / IX_KEYS, (n + IX_TOKENS - 1) / IX_TOKENS), dim3(BLOCK), 0, 0, D->ix_scores, g->ctx, (const float *)D->ix_q,
-                 (const float *)D->ix_w, (const float *)L->index_k, IH, ID, K, pos0, n);
+                 (const float *)D->ix_w, (const float *)L->index_k, IH, ID, K, pos0, n, g_pos_dev);
     else if (vmax > K)
         LAUNCHED(k_ix_scores, dim3((vmax + BLOCK - 1) / BLOCK, n), dim3(BLOCK), 0, 0, D->ix_scores, g->ctx, (const float *)D->ix_q, (const float *)D->ix_w,
-               (const float *)L->index_k, IH, ID, K, pos0);
-    LAUNCHED(k_topk, dim3(n), dim3(BLOCK), 0, 0, (const float *)D->ix_scores, g->ctx, K, pos0, D->sel, D->n_sel);
+               (const float *)L->index_k, IH, ID, K, pos0, g_pos_dev);
+    LAUNCHED(k_topk, dim3(n), dim3(BLOCK), 0, 0, (const float *)D->ix_scores, g->ctx, K, pos0, D->sel, D->n_sel, g_pos_dev);
 }
 
 /* q_abs for n tokens: the wide GEMV, or the plain kernel (one block per head and 256 columns). */
@@ -2905,7 +2969,7 @@ static void attention(GpuModel *g, GDev *D, const GLayer *L, int n, int pos0) {
     matmul(D->ckv, D->a, L->kv_a, n);
     /* q_pe's RoPE and the token's cache row [RMSNorm(c), RoPE(k_pe)] in one launch */
     LAUNCHED(k_rope_q_kv_append, dim3(n), dim3(BLOCK), 0, 0, D->q, NH * (DN + DR), NH, DN + DR, DN, L->latent, (const float *)D->ckv,
-             (const float *)L->kv_a_norm, c->kv_lora_rank, DR, pos0, (const float *)D->rope);
+             (const float *)L->kv_a_norm, c->kv_lora_rank, DR, pos0, (const float *)D->rope, g_pos_dev);
     if (L->has_indexer) indexer_select(g, D, L, n, pos0);
     /* a shared layer keeps D->sel from the last full layer (IndexShare, §3.6) */
     mla_attend_absorbed(g, D, L, n, pos0);
@@ -2975,13 +3039,13 @@ static void moe(GpuModel *g, GDev *D, const GLayer *L, const float *x, float *y,
         LAUNCHED(k_silu_mul, dim3(blocks_for((size_t)rows * FI)), dim3(BLOCK), 0, 0, D->eh1, (const float *)D->eh2, (size_t)rows * FI);
         LAUNCHED(k_gemm_grouped, dim3((H + BM - 1) / BM, tiles, 1), dim3(BLOCK), 0, 0, (const DMat *)L->ex_down, (const DMat *)NULL, T, nt, end, ps, ps,
                  (const float *)D->eh1, FI, D->ex_y, (float *)NULL, H, H);
-        if (!ns) CHECK(hipMemsetAsync(y, 0, (size_t)n * H * sizeof(float), 0)); /* no shared expert: the sum starts at 0 */
+        if (!ns) CHECK(hipMemsetAsync(y, 0, (size_t)n * H * sizeof(float), g_stream)); /* no shared expert: the sum starts at 0 */
         LAUNCHED(k_moe_combine, dim3(n), dim3(BLOCK), 0, 0, y, (const float *)D->ex_y, (const float *)D->ex_w, A, H,
                  ns ? (const float *)D->ex_y + (size_t)slots * H : (const float *)NULL);
         return;
     }
     if (c->n_shared) swiglu(D, y, x, L->sh_gate, L->sh_up, L->sh_down, n); /* unscaled (pitfall 8) */
-    else CHECK(hipMemsetAsync(y, 0, (size_t)n * H * sizeof(float), 0));
+    else CHECK(hipMemsetAsync(y, 0, (size_t)n * H * sizeof(float), g_stream));
     /* decode (or the plain kernels): one product per (token, slot) */
     experts(L->ex_gate, L->ex_fmt[0], D->ex_idx, x, H, A, D->eh1, FI, FI, slots);
     experts(L->ex_up, L->ex_fmt[1], D->ex_idx, x, H, A, D->eh2, FI, FI, slots);
@@ -3037,52 +3101,134 @@ static void layer_forward(GpuModel *g, GDev *D, const GLayer *L, int dense, int 
 /* The output head of a chunk on the last device D (glm.c head(); the MTP layer's with
  * its shared_head.norm): rows start..start+B-1 of n are D->x; RMSNorm(x; norm) ->
  * hidden (host, if wanted) and -> lm_head -> logits of every row (all_logits) or of the
- * n-th only (into D->logits, and to `logits` unless it is NULL). */
-static void head(GpuModel *g, GDev *D, const float *norm, int start, int B, int n, float *logits, int all_logits, float *hidden) {
+ * n-th only (into D->logits, and to `logits` unless it is NULL). head_rows launches,
+ * head_copy copies out (after a graph, the copies follow its launch). */
+static void head_rows(GpuModel *g, GDev *D, const float *norm, int start, int B, int n, int all_logits, int hidden) {
     const Config *c = &g->c;
-    const int H = c->hidden, V = c->vocab_size;
-    if (all_logits || hidden) {
-        rmsnorm(D->a, D->x, norm, H, B, c->rms_eps);
-        if (hidden) CHECK(hipMemcpy(hidden + (size_t)start * H, D->a, (size_t)B * H * sizeof(float), hipMemcpyDeviceToHost));
-        if (all_logits) {
-            matmul(D->logits, D->a, g->lm_head, B);
-            CHECK(hipMemcpy(logits + (size_t)start * V, D->logits, (size_t)B * V * sizeof(float), hipMemcpyDeviceToHost));
-        }
-    }
-    if (!all_logits && start + B == n) { /* the last token only */
+    const int H = c->hidden;
+    if (all_logits || hidden) rmsnorm(D->a, D->x, norm, H, B, c->rms_eps);
+    if (all_logits) matmul(D->logits, D->a, g->lm_head, B);
+    else if (start + B == n && hidden) matmul(D->logits, D->a + (size_t)(B - 1) * H, g->lm_head, 1); /* its row is normed already */
+    else if (start + B == n) { /* the last token only */
         rmsnorm(D->a, D->x + (size_t)(B - 1) * H, norm, H, 1, c->rms_eps);
         matmul(D->logits, D->a, g->lm_head, 1);
-        if (logits) CHECK(hipMemcpy(logits, D->logits, (size_t)V * sizeof(float), hipMemcpyDeviceToHost));
     }
+}
+
+static void head_copy(GpuModel *g, GDev *D, int start, int B, int n, float *logits, int all_logits, float *hidden) {
+    const int H = g->c.hidden, V = g->c.vocab_size;
+    if (hidden) CHECK(hipMemcpy(hidden + (size_t)start * H, D->a, (size_t)B * H * sizeof(float), hipMemcpyDeviceToHost));
+    if (all_logits) CHECK(hipMemcpy(logits + (size_t)start * V, D->logits, (size_t)B * V * sizeof(float), hipMemcpyDeviceToHost));
+    else if (start + B == n && logits) CHECK(hipMemcpy(logits, D->logits, (size_t)V * sizeof(float), hipMemcpyDeviceToHost));
+}
+
+static void head(GpuModel *g, GDev *D, const float *norm, int start, int B, int n, float *logits, int all_logits, float *hidden) {
+    head_rows(g, D, norm, start, B, n, all_logits, hidden != NULL);
+    head_copy(g, D, start, B, n, logits, all_logits, hidden);
 }
 
 /* Runs tokens[0..n) at positions pos.. and appends them to the cache. Writes
  * logits [n][V] if all_logits, else only the last token's [V] (to `logits` unless it
  * is NULL; they also stay on the device for gpu_sample); hidden [n][H] (if not NULL):
  * each token's final-normed hidden state, the MTP layer's h_t (glm.c forward_hidden). */
-extern "C" void gpu_forward_hidden(GpuModel *g, int pos, const int *tokens, int n, float *logits, int all_logits, float *hidden) {
+/* The B tokens in device 0's D->tokens at positions pos0.. through every layer (handed
+ * from device to device); returns the device that holds the last layer's output in x. */
+static GDev *run_layers(GpuModel *g, int B, int pos0) {
     const Config *c = &g->c;
+    GDev *D = &g->dev[0];
+    LAUNCHED(k_embed, dim3(B), dim3(BLOCK), 0, 0, g->embed, (const int *)D->tokens, D->x);
+    int pending = 0; /* the last layer's MLP output is not added yet */
+    for (int l = 0; l < c->n_layers; l++) {
+        const GLayer *L = &g->layers[l];
+        if (L->dev != D->id) {
+            if (pending) residual_add(g, D, B);
+            pending = 0;
+            hand_over(g, D, &g->dev[L->dev], B);
+            D = &g->dev[L->dev];
+        }
+        layer_forward(g, D, L, c->dense[l], B, pos0, pending);
+        pending = 1;
+    }
+    if (pending) residual_add(g, D, B);
+    return D;
+}
+
+/* What a step of n tokens at position pos launches that depends on n and pos: the
+ * products' and MLP's kernels (n), the indexer's scoring grid (none before the context
+ * passes index_topk) and attention's slice count and length. A captured step replays
+ * while these stay the same; everything else it needs of pos, the kernels read from
+ * g->pos_dev. */
+static void graph_key(GpuModel *g, int n, int pos, int key[GRAPH_KEY]) {
+    const Config *c = &g->c;
+    const int K = c->index_topk, vmax = pos + n;
+    key[0] = n;
+    key[1] = vmax > K ? (ix_fast(c) ? (vmax + IX_KEYS - 1) / IX_KEYS : -((vmax + BLOCK - 1) / BLOCK)) : 0;
+    key[2] = key[3] = 0;
+    if (mla_fast(c)) key[2] = mla_slices(device_cus(0), n, vmax < K ? vmax : K, &key[3]);
+}
+
+/* A decode step, or --draft's verify step (n <= GEMV_MAXN tokens, one device, the fast
+ * kernels), as one graph launch instead of ~18 launches per layer: the step is captured
+ * once (on g->stream, the kernels that take a position reading it from g->pos_dev) and
+ * replayed with the new tokens and position while graph_key stays the same: a new
+ * slice of keys every few dozen positions captures it again. The kernels are the ones
+ * run_layers and head_rows launch, in the same order; the copies to the host follow. */
+static void graph_step(GpuModel *g, const int *tokens, int n, float *logits, int all_logits, float *hidden) {
+    GDev *D = &g->dev[0];
+    const int pos0 = g->pos;
+    int key[GRAPH_KEY];
+    CHECK(hipSetDevice(0));
+    graph_key(g, n, pos0, key);
+    key[4] = all_logits;
+    key[5] = hidden != NULL;
+    GpuGraph *G = NULL, *oldest = &g->graph[0];
+    for (int i = 0; i < GRAPH_CACHE; i++) {
+        if (g->graph[i].exec && !memcmp(key, g->graph[i].key, sizeof key)) G = &g->graph[i];
+        if (g->graph[i].last_use < oldest->last_use) oldest = &g->graph[i];
+    }
+    if (!G) {
+        G = oldest;
+        if (G->exec) CHECK(hipGraphExecDestroy(G->exec));
+        hipGraph_t graph;
+        const long before = g_launches;
+        CHECK(hipStreamBeginCapture(g->stream, hipStreamCaptureModeThreadLocal));
+        g_stream = g->stream;
+        g_pos_dev = g->pos_dev;
+        run_layers(g, n, pos0);
+        head_rows(g, D, g->final_norm, 0, n, n, all_logits, hidden != NULL);
+        g_stream = 0;
+        g_pos_dev = NULL;
+        CHECK(hipStreamEndCapture(g->stream, &graph));
+        CHECK(hipGraphInstantiateWithFlags(&G->exec, graph, 0));
+        CHECK(hipGraphDestroy(graph));
+        G->kernels = g_launches - before;
+        g_launches = before;
+        memcpy(G->key, key, sizeof key);
+        g_graph_captures++;
+    }
+    G->last_use = ++g->graph_clock;
+    CHECK(hipMemcpyAsync(D->tokens, tokens, (size_t)n * sizeof(int), hipMemcpyHostToDevice, g->stream));
+    CHECK(hipMemcpyAsync(g->pos_dev, &pos0, sizeof(int), hipMemcpyHostToDevice, g->stream));
+    CHECK(hipGraphLaunch(G->exec, g->stream));
+    g_launches += G->kernels;
+    g_graph_launches++;
+    g->pos += n;
+    head_copy(g, D, 0, n, n, logits, all_logits, hidden); /* the null stream waits for g->stream (a blocking stream) */
+}
+
+extern "C" void gpu_forward_hidden(GpuModel *g, int pos, const int *tokens, int n, float *logits, int all_logits, float *hidden) {
     g->pos = pos; /* the cache beyond pos is overwritten, as on the CPU (chat rewinds it) */
     if (g->pos + n > g->ctx) glm_fatal("--ctx %d: %d more tokens do not fit the context (%d cached)", g->ctx, n, g->pos);
+    if (g->graphs && n <= GEMV_MAXN && g->n_dev == 1 && !g_plain_kernels) {
+        graph_step(g, tokens, n, logits, all_logits, hidden);
+        CHECK(hipGetLastError());
+        return;
+    }
     for (int start = 0; start < n; start += g->cap) {
         int B = n - start < g->cap ? n - start : g->cap, pos0 = g->pos;
-        GDev *D = &g->dev[0];
         CHECK(hipSetDevice(0));
-        CHECK(hipMemcpy(D->tokens, tokens + start, (size_t)B * sizeof(int), hipMemcpyHostToDevice));
-        LAUNCHED(k_embed, dim3(B), dim3(BLOCK), 0, 0, g->embed, (const int *)D->tokens, D->x);
-        int pending = 0; /* the last layer's MLP output is not added yet */
-        for (int l = 0; l < c->n_layers; l++) {
-            const GLayer *L = &g->layers[l];
-            if (L->dev != D->id) {
-                if (pending) residual_add(g, D, B);
-                pending = 0;
-                hand_over(g, D, &g->dev[L->dev], B);
-                D = &g->dev[L->dev];
-            }
-            layer_forward(g, D, L, c->dense[l], B, pos0, pending);
-            pending = 1;
-        }
-        if (pending) residual_add(g, D, B);
+        CHECK(hipMemcpy(g->dev[0].tokens, tokens + start, (size_t)B * sizeof(int), hipMemcpyHostToDevice));
+        GDev *D = run_layers(g, B, pos0);
         g->pos += B;
         head(g, D, g->final_norm, start, B, n, logits, all_logits, hidden);
     }
@@ -3271,7 +3417,7 @@ extern "C" void gpuk_layernorm_rope(float *y, const float *x, const float *w, co
     CHECK(hipSetDevice(0));
     float *dx = (float *)dev_copy(x, (size_t)dim * 4), *dw = (float *)dev_copy(w, (size_t)dim * 4), *db = (float *)dev_copy(b, (size_t)dim * 4);
     float *dc = (float *)dev_copy(NULL, (size_t)(pos + 1) * dim * 4), *dt = (float *)dev_copy(table, (size_t)(pos + 1) * rope_dims * 4);
-    LAUNCHED(k_ix_key, dim3(1), dim3(BLOCK), 0, 0, dc, (const float *)dx, (const float *)dw, (const float *)db, dim, rope_dims, pos, (const float *)dt);
+    LAUNCHED(k_ix_key, dim3(1), dim3(BLOCK), 0, 0, dc, (const float *)dx, (const float *)dw, (const float *)db, dim, rope_dims, pos, (const float *)dt, (const int *)NULL);
     host_copy(y, dc + (size_t)pos * dim, (size_t)dim * 4);
     dfree(dx); dfree(dw); dfree(db); dfree(dc); dfree(dt);
 }
@@ -3280,7 +3426,7 @@ extern "C" void gpuk_layernorm_rope(float *y, const float *x, const float *w, co
 extern "C" void gpuk_rope(float *v, int nvec, int stride, int off, int dims, int pos, const float *table) {
     CHECK(hipSetDevice(0));
     float *dv = (float *)dev_copy(v, (size_t)nvec * stride * 4), *dt = (float *)dev_copy(table, (size_t)(pos + 1) * dims * 4);
-    LAUNCHED(k_rope, dim3(1), dim3(BLOCK), 0, 0, dv, nvec * stride, nvec, stride, off, dims, pos, (const float *)dt);
+    LAUNCHED(k_rope, dim3(1), dim3(BLOCK), 0, 0, dv, nvec * stride, nvec, stride, off, dims, pos, (const float *)dt, (const int *)NULL);
     host_copy(v, dv, (size_t)nvec * stride * 4);
     dfree(dv); dfree(dt);
 }
@@ -3290,7 +3436,7 @@ extern "C" void gpuk_topk(int *sel, const float *score, int n, int k) {
     CHECK(hipSetDevice(0));
     float *ds = (float *)dev_copy(score, (size_t)n * 4);
     int *dsel = (int *)dev_copy(NULL, (size_t)k * 4), *dn = (int *)dev_copy(NULL, 4);
-    LAUNCHED(k_topk, dim3(1), dim3(BLOCK), 0, 0, (const float *)ds, n, k, n - 1, dsel, dn);
+    LAUNCHED(k_topk, dim3(1), dim3(BLOCK), 0, 0, (const float *)ds, n, k, n - 1, dsel, dn, (const int *)NULL);
     host_copy(sel, dsel, (size_t)k * 4);
     dfree(ds); dfree(dsel); dfree(dn);
 }
@@ -3394,9 +3540,10 @@ extern "C" void gpuk_ix_scores(float *scores, const float *ix_q, const float *ix
     CHECK(hipMemset(dsc, 0xff, (size_t)n * T * 4));
     if (!g_plain_kernels && ix_fast(c))
         LAUNCHED(k_ix_scores_tiled, dim3((vmax + IX_KEYS - 1) / IX_KEYS, (n + IX_TOKENS - 1) / IX_TOKENS), dim3(BLOCK), 0, 0, dsc, T, (const float *)dq, (const float *)dw,
-                 (const float *)dk, IH, ID, K, pos0, n);
+                 (const float *)dk, IH, ID, K, pos0, n, (const int *)NULL);
     else
-        LAUNCHED(k_ix_scores, dim3((vmax + BLOCK - 1) / BLOCK, n), dim3(BLOCK), 0, 0, dsc, T, (const float *)dq, (const float *)dw, (const float *)dk, IH, ID, K, pos0);
+        LAUNCHED(k_ix_scores, dim3((vmax + BLOCK - 1) / BLOCK, n), dim3(BLOCK), 0, 0, dsc, T, (const float *)dq, (const float *)dw, (const float *)dk, IH, ID, K, pos0,
+                 (const int *)NULL);
     host_copy(scores, dsc, (size_t)n * T * 4);
     dfree(dq); dfree(dw); dfree(dk); dfree(dsc);
 }

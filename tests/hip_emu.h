@@ -379,11 +379,29 @@ inline void emu_run(dim3 grid, dim3 block, size_t shmem, const std::function<voi
 /* Dynamic shared memory (the `extern __shared__` array sized at launch). */
 #define DYN_SHARED(type, name) type *name = (type *)(void *)emu_worker->dyn_shared.data()
 
+/* Stream capture (hipStreamBeginCapture .. hipStreamEndCapture): launches, async copies
+ * and memsets are recorded as the graph's nodes, in order, and run at each hipGraphLaunch.
+ * A synchronous call during capture (hipMemcpy, hipMemset, a synchronize) is an error on
+ * real hardware, and is fatal here. */
+inline bool emu_capturing;
+inline std::vector<std::function<void()>> emu_captured;
+inline void emu_not_capturing(const char *what) {
+    if (emu_capturing) {
+        fprintf(stderr, "hip_emu: %s during stream capture (not allowed in a captured graph)\n", what);
+        abort();
+    }
+}
+
 /* LAUNCH(kernel, grid, block, shared bytes, stream, args...): the arguments are
- * converted to the kernel's parameter types once, as a real launch copies them. */
+ * converted to the kernel's parameter types once, as a real launch copies them (and a
+ * captured launch keeps that copy). */
 template <class... P, class... A>
 inline void emu_launch(dim3 grid, dim3 block, size_t shmem, void (*k)(P...), A &&...a) {
     std::tuple<typename std::decay<P>::type...> args(std::forward<A>(a)...);
+    if (emu_capturing) {
+        emu_captured.push_back([=] { emu_run(grid, block, shmem, [&] { std::apply(k, args); }); });
+        return;
+    }
     emu_run(grid, block, shmem, [&] { std::apply(k, args); });
 }
 #define LAUNCH(k, grid, block, shmem, stream, ...) ((void)(stream), emu_launch(dim3(grid), dim3(block), (shmem), k, __VA_ARGS__))
@@ -535,8 +553,18 @@ inline hipError_t hipFree(void *p) {
 }
 inline hipError_t hipHostMalloc(void **p, size_t n, unsigned = 0) { *p = malloc(n ? n : 1); return *p ? hipSuccess : hipErrorOutOfMemory; }
 inline hipError_t hipHostFree(void *p) { free(p); return hipSuccess; }
-inline hipError_t hipMemcpy(void *d, const void *s, size_t n, hipMemcpyKind) { if (n) memmove(d, s, n); emu_pending[emu_device & 63] = 0; return hipSuccess; }
-inline hipError_t hipMemcpyAsync(void *d, const void *s, size_t n, hipMemcpyKind, hipStream_t = nullptr) { if (n) memmove(d, s, n); emu_pending[emu_device & 63] = 1; return hipSuccess; }
+inline hipError_t hipMemcpy(void *d, const void *s, size_t n, hipMemcpyKind) {
+    emu_not_capturing("hipMemcpy");
+    if (n) memmove(d, s, n);
+    emu_pending[emu_device & 63] = 0;
+    return hipSuccess;
+}
+inline hipError_t hipMemcpyAsync(void *d, const void *s, size_t n, hipMemcpyKind, hipStream_t = nullptr) {
+    if (emu_capturing) { emu_captured.push_back([=] { if (n) memmove(d, s, n); }); return hipSuccess; }
+    if (n) memmove(d, s, n);
+    emu_pending[emu_device & 63] = 1;
+    return hipSuccess;
+}
 inline hipError_t hipMemcpyPeer(void *d, int dd, const void *s, int, size_t n) {
     if (emu_pending[dd & 63])
         emu_die("hipMemcpyPeer into a device that still has unfinished work (kernels queued, not synchronized): "
@@ -545,12 +573,51 @@ inline hipError_t hipMemcpyPeer(void *d, int dd, const void *s, int, size_t n) {
     if (n) memmove(d, s, n);
     return hipSuccess;
 }
-inline hipError_t hipMemset(void *d, int v, size_t n) { memset(d, v, n); emu_pending[emu_device & 63] = 1; return hipSuccess; }
-inline hipError_t hipMemsetAsync(void *d, int v, size_t n, hipStream_t = nullptr) { memset(d, v, n); emu_pending[emu_device & 63] = 1; return hipSuccess; }
-inline hipError_t hipDeviceSynchronize() { emu_pending[emu_device & 63] = 0; return hipSuccess; }
-inline hipError_t hipStreamCreate(hipStream_t *s) { *s = nullptr; return hipSuccess; }
-inline hipError_t hipStreamDestroy(hipStream_t) { return hipSuccess; }
-inline hipError_t hipStreamSynchronize(hipStream_t) { emu_pending[emu_device & 63] = 0; return hipSuccess; }
+inline hipError_t hipMemset(void *d, int v, size_t n) {
+    emu_not_capturing("hipMemset");
+    memset(d, v, n);
+    emu_pending[emu_device & 63] = 1;
+    return hipSuccess;
+}
+inline hipError_t hipMemsetAsync(void *d, int v, size_t n, hipStream_t = nullptr) {
+    if (emu_capturing) { emu_captured.push_back([=] { memset(d, v, n); }); return hipSuccess; }
+    memset(d, v, n);
+    emu_pending[emu_device & 63] = 1;
+    return hipSuccess;
+}
+inline hipError_t hipDeviceSynchronize() { emu_not_capturing("hipDeviceSynchronize"); emu_pending[emu_device & 63] = 0; return hipSuccess; }
+/* A stream is a handle (work runs at once, in call order); capture needs one that is not
+ * the null stream, as on real hardware. */
+struct EmuStream { int unused; };
+inline hipError_t hipStreamCreate(hipStream_t *s) { *s = new EmuStream{0}; return hipSuccess; }
+inline hipError_t hipStreamDestroy(hipStream_t s) { delete s; return hipSuccess; }
+inline hipError_t hipStreamSynchronize(hipStream_t) { emu_not_capturing("hipStreamSynchronize"); emu_pending[emu_device & 63] = 0; return hipSuccess; }
+/* Graphs: the captured nodes; an executable graph is a copy of them. */
+typedef struct EmuGraph { std::vector<std::function<void()>> nodes; } *hipGraph_t, *hipGraphExec_t;
+typedef enum { hipStreamCaptureModeGlobal, hipStreamCaptureModeThreadLocal, hipStreamCaptureModeRelaxed } hipStreamCaptureMode;
+inline hipError_t hipStreamBeginCapture(hipStream_t s, hipStreamCaptureMode) {
+    if (!s) emu_die("hipStreamBeginCapture on the null stream");
+    if (emu_capturing) emu_die("hipStreamBeginCapture while already capturing");
+    emu_capturing = true;
+    emu_captured.clear();
+    return hipSuccess;
+}
+inline hipError_t hipStreamEndCapture(hipStream_t, hipGraph_t *g) {
+    if (!emu_capturing) emu_die("hipStreamEndCapture without a capture");
+    emu_capturing = false;
+    *g = new EmuGraph{std::move(emu_captured)};
+    emu_captured.clear();
+    return hipSuccess;
+}
+inline hipError_t hipGraphInstantiateWithFlags(hipGraphExec_t *e, hipGraph_t g, unsigned long long) { *e = new EmuGraph{g->nodes}; return hipSuccess; }
+inline hipError_t hipGraphLaunch(hipGraphExec_t e, hipStream_t) {
+    emu_not_capturing("hipGraphLaunch");
+    for (auto &node : e->nodes) node();
+    emu_pending[emu_device & 63] = 1;
+    return hipSuccess;
+}
+inline hipError_t hipGraphDestroy(hipGraph_t g) { delete g; return hipSuccess; }
+inline hipError_t hipGraphExecDestroy(hipGraphExec_t e) { delete e; return hipSuccess; }
 static double emu_now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 inline hipError_t hipEventCreate(hipEvent_t *e) { *e = new EmuEvent{0}; return hipSuccess; }
 inline hipError_t hipEventDestroy(hipEvent_t e) { delete e; return hipSuccess; }

@@ -23,6 +23,8 @@
 #   - layers split over 2 and 3 virtual GPUs give bit-identical logits to 1;
 #   - run --gpu --draft N (the MTP layer drafts on the device, the verify pass checks) prints
 #     --draft 0's and the CPU's tokens, greedy, with GLM_DRAFT_ORACLE, on --gpus 2, sampled;
+#   - decode (and --draft verify) steps as graphs: logits bit-identical to GLM_GPU_GRAPH=0, recaptured only when the
+#     launch shapes change (the emulator records a capture and dies on a synchronous call in it);
 #   - serve --gpu, with and without --draft 2: a completion's greedy tokens are glm run's;
 #   - run --gpu (sampling on the device) prints the CPU's tokens; the plan refuses a
 #     model that does not fit; the CPU build refuses --gpu in one line;
@@ -269,6 +271,25 @@ if need_tokenizer && "$CPU" synth "$OUT/srv" --tiny --mtp --seed 5 --tokenizer "
         else bad "serve --gpu --draft $draft" "glm run '$want', serve '$got' ($(grep -v '^serve: listening' "$log" | tail -n 2 | tr '\n' ' '))"; fi
     done
 else bad "serve --gpu" "no tokenizer.json or synth failed: ${TOK_WHY:-}"; fi
+
+# --- decode steps as graphs (graph_step): captured once, replayed with the position from device memory
+# 40 one-token steps over the tiny models' index_topk (8) and past a slice of indexer keys: logits bit
+# for bit those of GLM_GPU_GRAPH=0 (one launch per kernel), every step a graph launch, and captured
+# again only when the launch shapes change (a kernel that kept the captured position would differ)
+for run in "bf16 glm_emu32" "mxfp4 glm_emu64"; do
+    v=${run% *}; bin=${run#* }
+    {
+        GLM_GPU_LAUNCHES=1 ./$bin logits --gpu --decode -m "$OUT/$v" --ids "$(seq -s, 1 40)" -o "$OUT/graph1.bin" >/dev/null 2>"$OUT/graph1.err"
+        GLM_GPU_GRAPH=0 ./$bin logits --gpu --decode -m "$OUT/$v" --ids "$(seq -s, 1 40)" -o "$OUT/graph0.bin" >/dev/null 2>"$OUT/graph0.err"
+        st=$(sed -n 's/^glm: gpu: \([0-9]*\) steps as graphs, \([0-9]*\) captures$/\1 \2/p' "$OUT/graph1.err")
+        if [ -s "$OUT/graph0.bin" ] && cmp -s "$OUT/graph1.bin" "$OUT/graph0.bin" && [ "${st% *}" = 40 ] && [ "${st#* }" -gt 1 ] && [ "${st#* }" -lt 10 ]; then
+            ok "decode graphs $v ($bin): logits identical to GLM_GPU_GRAPH=0 (graph launches, captures: $st)"
+        else bad "decode graphs $v ($bin)" "graph launches, captures '$st'; $(cmp "$OUT/graph1.bin" "$OUT/graph0.bin" 2>&1); $(tail -n 1 "$OUT/graph1.err")"; fi
+    }
+done
+GLM_GPU_GRAPH=2 ./glm_emu64 logits --gpu -m "$OUT/bf16" --ids 1,2 -o "$OUT/graph2.bin" >/dev/null 2>"$OUT/graph2.err"; rc=$?
+if [ $rc = 1 ] && [ "$(grep -c 'error' "$OUT/graph2.err")" = 1 ] && grep -q "^glm: error: GLM_GPU_GRAPH=2: expected 1 or 0" "$OUT/graph2.err"; then ok "GLM_GPU_GRAPH=2: one error line, exit 1"
+else bad "GLM_GPU_GRAPH=2" "rc $rc: $(head -n 2 "$OUT/graph2.err" | tr '\n' ' ')"; fi
 
 # --- glm plan counts the launches glm_hip.hip makes ----------------------------------------------------
 # one token at a time over 20 positions (past the tiny models' index_topk, where the indexer's scoring

@@ -124,7 +124,7 @@ stop_wait() {
 # --help: every flag and request field is there
 $GLM serve --help >"$out/help.out" 2>"$out/help.err"; rc=$?
 r=1; [ $rc = 0 ] && grep -q '^usage: glm serve' "$out/help.out" || r=0
-for f in --host --port --parallel --ctx --chunk --cache-mb --queue --max-body --api-key --alias --tokenizer; do
+for f in --host --port --parallel --ctx --chunk --cache-mb --queue --max-body --api-key --alias --tokenizer --draft; do
     grep -q -- "^  $f " "$out/help.out" || { r=0; echo "    --help: no $f"; }
 done
 ok $r "serve_help" "$out/help.err"

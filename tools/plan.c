@@ -26,16 +26,19 @@ typedef struct {
     double hbm_gbs;          /* per device */
     double mem_gb;           /* per device */
     double launch_us;        /* a kernel launch back to back on one stream */
+    double node_us;          /* a kernel of a graph after the one before it (assumed, see below) */
     double bf16_tflops;      /* dense BF16 matrix-core peak (no sparsity) */
 } Target;
 
 /* Vendor figures for bandwidth and memory; launch costs as commonly measured for
- * back-to-back launches on one stream (HIP costs more than CUDA). Override with flags. */
+ * back-to-back launches on one stream (HIP costs more than CUDA). A graph's kernels skip
+ * the host's launch path: NVIDIA's graph examples show ~0.5-1 us between short kernels;
+ * for hipGraph on Instinct no figure was at hand, so 2 us is assumed. Override with flags. */
 static const Target TARGETS[] = {
-    {"mi355x", "AMD Instinct MI355X", 8000, 288, 5.0, 2500},
-    {"mi300x", "AMD Instinct MI300X", 5300, 192, 5.0, 1307},
-    {"h100", "NVIDIA H100 SXM", 3350, 80, 3.0, 989},
-    {"h200", "NVIDIA H200", 4800, 141, 3.0, 989},
+    {"mi355x", "AMD Instinct MI355X", 8000, 288, 5.0, 2.0, 2500},
+    {"mi300x", "AMD Instinct MI300X", 5300, 192, 5.0, 2.0, 1307},
+    {"h100", "NVIDIA H100 SXM", 3350, 80, 3.0, 1.0, 989},
+    {"h200", "NVIDIA H200", 4800, 141, 3.0, 1.0, 989},
 };
 
 /* The kernel classes of one decode step, as glm_hip.hip runs them. */
@@ -146,7 +149,8 @@ static StepCost draft_cost(const Model *m) {
 typedef struct {
     const Target *t;
     int gpus;
-    double eff, launch_us, mma_eff;
+    double eff, launch_us, mma_eff, node_us;
+    int graphs;              /* glm_hip.hip replays decode and verify steps as graphs (one device) */
 } Machine;
 
 static double total(const double *v, int n) { double s = 0; for (int i = 0; i < n; i++) s += v[i]; return s; }
@@ -267,9 +271,11 @@ static void print_prefill(const Model *m, const Machine *M, int json) {
 }
 
 
-/* Seconds of one step on the machine: its bytes at eff x bandwidth, plus its launches. */
-static double step_seconds(const StepCost *s, const Machine *M, int launches) {
-    return total(s->bytes, K_N) / (M->t->hbm_gbs * 1e9 * M->eff) + launches * M->launch_us * 1e-6;
+/* Seconds of one step on the machine: its bytes at eff x bandwidth, plus its launches:
+ * one by one, or (graph) one graph launch and a node's gap per kernel. */
+static double step_seconds(const StepCost *s, const Machine *M, int launches, int graph) {
+    const double over = graph ? M->launch_us + launches * M->node_us : launches * M->launch_us;
+    return total(s->bytes, K_N) / (M->t->hbm_gbs * 1e9 * M->eff) + over * 1e-6;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -344,29 +350,37 @@ static void print_step(const char *what, const StepCost *s, const Machine *M, in
                        int first) {
     const int L = total_i(s->launches, K_N);
     const int capped = launches_per_layer_cap ? launches_per_layer_cap * c->n_layers + 4 : L;
-    const double t = step_seconds(s, M, L), tc = step_seconds(s, M, capped), tb = total(s->bytes, K_N) / (M->t->hbm_gbs * 1e9);
+    const double t = step_seconds(s, M, L, M->graphs), t1 = step_seconds(s, M, L, 0), tc = step_seconds(s, M, capped, M->graphs);
+    const double tb = total(s->bytes, K_N) / (M->t->hbm_gbs * 1e9);
     if (json) {
-        printf("%s\"%s\": {\"gb\": %.4f, \"launches\": %d, \"ms\": %.4f, \"tok_s\": %.2f, \"tok_s_6_launches_per_layer\": %.2f, "
-               "\"tok_s_bandwidth_bound\": %.2f}", first ? "" : ", ", what, total(s->bytes, K_N) / 1e9, L, t * 1e3, 1 / t, 1 / tc, 1 / tb);
+        printf("%s\"%s\": {\"gb\": %.4f, \"launches\": %d, \"graph\": %s, \"ms\": %.4f, \"tok_s\": %.2f, \"tok_s_one_launch_per_kernel\": %.2f, "
+               "\"tok_s_6_launches_per_layer\": %.2f, \"tok_s_bandwidth_bound\": %.2f}",
+               first ? "" : ", ", what, total(s->bytes, K_N) / 1e9, L, M->graphs ? "true" : "false", t * 1e3, 1 / t, 1 / t1, 1 / tc, 1 / tb);
         return;
     }
     printf("  %s: %.2f GB and %d launches per token (%.1f per layer)\n", what, total(s->bytes, K_N) / 1e9, L, (double)L / c->n_layers);
     for (int k = 0; k < K_N; k++)
         printf("    %-30s %8.3f GB  %5d launches  %7.3f ms\n", K_NAMES[k], s->bytes[k] / 1e9, s->launches[k],
-               (s->bytes[k] / (M->t->hbm_gbs * 1e9 * M->eff) + s->launches[k] * M->launch_us * 1e-6) * 1e3);
-    printf("    => %.2f ms: %.1f tok/s; with <= 6 launches per layer %.1f tok/s; the bandwidth alone %.1f tok/s\n", t * 1e3, 1 / t, 1 / tc,
-           1 / tb);
+               (s->bytes[k] / (M->t->hbm_gbs * 1e9 * M->eff) + s->launches[k] * (M->graphs ? M->node_us : M->launch_us) * 1e-6) * 1e3);
+    if (M->graphs)
+        printf("    => as one graph: %.2f ms: %.1f tok/s (one launch per kernel: %.1f tok/s); with <= 6 kernels per layer %.1f tok/s;\n"
+               "       the bandwidth alone %.1f tok/s\n", t * 1e3, 1 / t, 1 / t1, 1 / tc, 1 / tb);
+    else
+        printf("    => %.2f ms: %.1f tok/s (one launch per kernel: no graphs across devices); with <= 6 launches per layer %.1f tok/s;\n"
+               "       the bandwidth alone %.1f tok/s\n", t * 1e3, 1 / t, 1 / tc, 1 / tb);
 }
 
 static const double ACCEPT[] = {0.6, 0.7, 0.8, 0.9};
 
 static void print_spec(const Model *m, const Machine *M, int pos, int json) {
+    /* the decode and verify steps as graphs (one device), the MTP layer's draft steps one launch per kernel */
     const StepCost d0 = step_cost(m, pos, 1), dr = draft_cost(m);
-    const double t1 = step_seconds(&d0, M, total_i(d0.launches, K_N)), c = step_seconds(&dr, M, total_i(dr.launches, K_N)) / t1;
+    const double t1 = step_seconds(&d0, M, total_i(d0.launches, K_N), M->graphs);
+    const double c = step_seconds(&dr, M, total_i(dr.launches, K_N), 0) / t1;
     double r[5];
     for (int N = 1; N <= 4; N++) {
         StepCost v = step_cost(m, pos, N + 1);
-        r[N] = step_seconds(&v, M, total_i(v.launches, K_N)) / t1;
+        r[N] = step_seconds(&v, M, total_i(v.launches, K_N), M->graphs) / t1;
     }
     if (json) printf(", \"spec\": {\"verify_cost\": [%.4f, %.4f, %.4f, %.4f], \"draft_cost\": %.4f, \"speedup\": {", r[1], r[2], r[3], r[4], c);
     else printf("  --draft N (MTP): verify pass r(N) = %.2f %.2f %.2f %.2f decode steps (N = 1..4), a draft step c = %.2f\n", r[1], r[2], r[3], r[4], c);
@@ -386,9 +400,10 @@ static void print_spec(const Model *m, const Machine *M, int pos, int json) {
 int plan_main(int argc, char **argv) {
     const char *dir = NULL, *format = "mxfp4", *target = "mi355x";
     int gpus = 1, json = 0, glm52 = 0;
-    double eff = 0.75, launch_us = -1, mma_eff = 0.45;
+    double eff = 0.75, launch_us = -1, mma_eff = 0.45, node_us = -1;
     static const char usage[] =
-        "usage: glm plan (-m DIR | --glm52) [--format mxfp4|fp8|bf16] [--target NAME] [--gpus N] [--eff F] [--mma-eff F] [--launch-us U] [--json]\n"
+        "usage: glm plan (-m DIR | --glm52) [--format mxfp4|fp8|bf16] [--target NAME] [--gpus N] [--eff F] [--mma-eff F] [--launch-us U]\n"
+        "                [--node-us U] [--json]\n"
         "  A projection, not a measurement: a decoded token's bytes and kernel launches on the GPU path\n"
         "  (glm_hip.hip), class by class, and the decode tok/s they imply at context 1024 and 8192 on a\n"
         "  named GPU; with the MTP layer, the projected speedup of --draft N; and prefill: a chunk's\n"
@@ -401,6 +416,8 @@ int plan_main(int argc, char **argv) {
         "  --eff F           the fraction of HBM bandwidth the kernels reach (default 0.75: issue 32's target)\n"
         "  --mma-eff F       the fraction of the dense BF16 matrix-core peak prefill reaches (default 0.45)\n"
         "  --launch-us U     one kernel launch in microseconds (default: the target's)\n"
+        "  --node-us U       one kernel of a graph (a decode step on one device) in microseconds (default: the\n"
+        "                    target's, assumed)\n"
         "  --json            one JSON object\n"
         "  -h, --help        this text";
     for (int i = 1; i < argc; i++) {
@@ -408,7 +425,7 @@ int plan_main(int argc, char **argv) {
         if (!strcmp(f, "-h") || !strcmp(f, "--help")) { puts(usage); return 0; }
         if (!strcmp(f, "--json")) { json = 1; continue; }
         if (!strcmp(f, "--glm52")) { glm52 = 1; continue; }
-        if (strcmp(f, "-m") && strcmp(f, "--format") && strcmp(f, "--target") && strcmp(f, "--gpus") && strcmp(f, "--eff") && strcmp(f, "--mma-eff") && strcmp(f, "--launch-us"))
+        if (strcmp(f, "-m") && strcmp(f, "--format") && strcmp(f, "--target") && strcmp(f, "--gpus") && strcmp(f, "--eff") && strcmp(f, "--mma-eff") && strcmp(f, "--launch-us") && strcmp(f, "--node-us"))
             glm_fatal("plan: unknown flag '%s' (see glm plan --help)", f);
         if (i + 1 >= argc) glm_fatal("%s: missing value", f);
         const char *v = argv[++i];
@@ -421,13 +438,14 @@ int plan_main(int argc, char **argv) {
         else if (!strcmp(f, "--gpus")) { long x = strtol(v, &end, 10); if (!*v || *end || x < 1 || x > 64) glm_fatal("--gpus %s: expected 1..64", v); gpus = (int)x; }
         else if (!strcmp(f, "--eff")) { eff = strtod(v, &end); if (!*v || *end || !(eff > 0 && eff <= 1)) glm_fatal("--eff %s: expected a fraction in (0, 1]", v); }
         else if (!strcmp(f, "--mma-eff")) { mma_eff = strtod(v, &end); if (!*v || *end || !(mma_eff > 0 && mma_eff <= 1)) glm_fatal("--mma-eff %s: expected a fraction in (0, 1]", v); }
+        else if (!strcmp(f, "--node-us")) { node_us = strtod(v, &end); if (!*v || *end || !(node_us >= 0 && node_us < 1e6)) glm_fatal("--node-us %s: expected microseconds >= 0", v); }
         else { launch_us = strtod(v, &end); if (!*v || *end || !(launch_us >= 0 && launch_us < 1e6)) glm_fatal("--launch-us %s: expected microseconds >= 0", v); }
     }
     if (!dir == !glm52) glm_fatal("plan: give a checkpoint (-m DIR) or --glm52 (see glm plan --help)");
     const Target *t = NULL;
     for (size_t i = 0; i < sizeof TARGETS / sizeof *TARGETS; i++) if (!strcmp(target, TARGETS[i].name)) t = &TARGETS[i];
     if (!t) glm_fatal("--target %s: expected mi355x, mi300x, h100 or h200", target);
-    Machine M = {t, gpus, eff, launch_us >= 0 ? launch_us : t->launch_us, mma_eff};
+    Machine M = {t, gpus, eff, launch_us >= 0 ? launch_us : t->launch_us, mma_eff, node_us >= 0 ? node_us : t->node_us, gpus == 1};
     Model m;
     if (glm52) glm52_model(&m, format);
     else model_load(&m, dir);
@@ -435,16 +453,16 @@ int plan_main(int argc, char **argv) {
     const double weights_gb = glm52 ? 0 : m.weight_bytes / 1e9;
     const int ctxs[] = {1024, 8192};
     if (json) printf("{\"model\": \"%s\", \"target\": \"%s\", \"gpus\": %d, \"hbm_gbs\": %.0f, \"eff\": %.3f, \"launch_us\": %.2f, "
-                     "\"launches_decode_step_pos0\": %d, ",
-                     glm52 ? "GLM-5.2" : dir, t->name, gpus, t->hbm_gbs, eff, M.launch_us, total_i(step_cost(&m, 0, 1).launches, K_N));
+                     "\"node_us\": %.2f, \"launches_decode_step_pos0\": %d, ",
+                     glm52 ? "GLM-5.2" : dir, t->name, gpus, t->hbm_gbs, eff, M.launch_us, M.node_us, total_i(step_cost(&m, 0, 1).launches, K_N));
     if (json) { /* one-token steps at positions 0..31 (the emulation's test sums them) */
         printf("\"launches_positions_0_31\": [");
         for (int p = 0; p < 32; p++) printf("%s%d", p ? ", " : "", total_i(step_cost(&m, p, 1).launches, K_N));
         printf("], ");
     }
     else {
-        printf("glm plan: %s%s%s on %s x %d: %.0f GB/s HBM per device, kernels at %.0f%% of it, %.1f us per launch\n",
-               glm52 ? "GLM-5.2 (" : dir, glm52 ? format : "", glm52 ? " release layout)" : "", t->card, gpus, t->hbm_gbs, 100 * eff, M.launch_us);
+        printf("glm plan: %s%s%s on %s x %d: %.0f GB/s HBM per device, kernels at %.0f%% of it, %.1f us per launch, %.1f us per graph kernel\n",
+               glm52 ? "GLM-5.2 (" : dir, glm52 ? format : "", glm52 ? " release layout)" : "", t->card, gpus, t->hbm_gbs, 100 * eff, M.launch_us, M.node_us);
         printf("  (a model, not a measurement; one sequence; with --gpus N the layers run one device after another)\n");
         if (weights_gb > 0) printf("  weights %.1f GB: %.0f%% of %d x %.0f GB\n", weights_gb, 100 * weights_gb / (gpus * t->mem_gb), gpus, t->mem_gb);
     }

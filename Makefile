@@ -158,41 +158,29 @@ emu: glm_emu$(WARP)
 # simd.c's target attributes). json.c uses a small first arena block (faster, and it
 # exercises block growth). make fuzz does not touch glm / glm_asan.
 FUZZCC    ?= $(shell command -v clang-14 >/dev/null 2>&1 && echo clang-14 || echo clang)
-FUZZFLAGS  = -std=c11 -Wall -Wextra -g -O1 -fno-omit-frame-pointer -fsanitize=fuzzer,address,undefined \
-             -fno-sanitize-recover=undefined -DJSON_FIRST_BLOCK=4096
+FUZZSAN    = -fsanitize=address,undefined -fno-sanitize-recover=undefined
+FUZZFLAGS  = -std=c11 -Wall -Wextra -g -O1 -fno-omit-frame-pointer $(FUZZSAN) -DJSON_FIRST_BLOCK=4096
 FUZZ_BINS  = fuzz/bin/fuzz_json fuzz/bin/fuzz_checkpoint fuzz/bin/fuzz_tokenizer_load fuzz/bin/fuzz_encode fuzz/bin/fuzz_chat fuzz/bin/fuzz_http \
              fuzz/bin/fuzz_request
 
 fuzz: $(FUZZ_BINS)
 
-fuzz/bin/fuzz_json: fuzz/fuzz_json.c json.c json.h
+# Each source compiles once (instrumented for libFuzzer, not linked with its main) and the
+# targets link what they need; cli.c's main() is renamed so libFuzzer's links.
+FUZZ_OBJ = $(patsubst %.c,fuzz/obj/%.o,$(1))
+fuzz/obj/%.o: %.c $(HDR)
+	@mkdir -p $(dir $@)
+	$(FUZZCC) $(FUZZFLAGS) -fsanitize=fuzzer-no-link -Dmain=glm_cli_main -c -o $@ $<
+fuzz/bin/%: fuzz/%.c
 	@mkdir -p fuzz/bin
-	$(FUZZCC) $(FUZZFLAGS) -o $@ fuzz/fuzz_json.c json.c
+	$(FUZZCC) $(FUZZFLAGS) -fsanitize=fuzzer -o $@ $< $(filter %.o,$^) $(LIBS)
 
-fuzz/bin/fuzz_checkpoint: fuzz/fuzz_checkpoint.c $(SRC) $(HDR)
-	@mkdir -p fuzz/bin
-	$(FUZZCC) $(FUZZFLAGS) -Dmain=glm_cli_main -o $@ fuzz/fuzz_checkpoint.c $(SRC) $(LIBS)
-
-fuzz/bin/fuzz_tokenizer_load: fuzz/fuzz_tokenizer_load.c tokenizer.c json.c tokenizer.h tokenizer_unicode.h json.h
-	@mkdir -p fuzz/bin
-	$(FUZZCC) $(FUZZFLAGS) -o $@ fuzz/fuzz_tokenizer_load.c tokenizer.c json.c
-
-fuzz/bin/fuzz_chat: fuzz/fuzz_chat.c tokenizer.c json.c tokenizer.h tokenizer_unicode.h json.h
-	@mkdir -p fuzz/bin
-	$(FUZZCC) $(FUZZFLAGS) -o $@ fuzz/fuzz_chat.c tokenizer.c json.c
-
-fuzz/bin/fuzz_encode: fuzz/fuzz_encode.c tokenizer.c json.c tokenizer.h tokenizer_unicode.h json.h
-	@mkdir -p fuzz/bin
-	$(FUZZCC) $(FUZZFLAGS) -o $@ fuzz/fuzz_encode.c tokenizer.c json.c
-
-fuzz/bin/fuzz_http: fuzz/fuzz_http.c http.c json.c http.h json.h
-	@mkdir -p fuzz/bin
-	$(FUZZCC) $(FUZZFLAGS) -o $@ fuzz/fuzz_http.c http.c json.c
-
+fuzz/bin/fuzz_json: $(call FUZZ_OBJ,json.c)
+fuzz/bin/fuzz_checkpoint: $(call FUZZ_OBJ,$(SRC))
+fuzz/bin/fuzz_tokenizer_load fuzz/bin/fuzz_chat fuzz/bin/fuzz_encode: $(call FUZZ_OBJ,tokenizer.c json.c)
+fuzz/bin/fuzz_http: $(call FUZZ_OBJ,http.c json.c)
 # serve.c's request parsing and responses; the target includes serve.c whole (its functions are static)
-fuzz/bin/fuzz_request: fuzz/fuzz_request.c $(SRC) $(HDR) | build/tokenizer.json
-	@mkdir -p fuzz/bin
-	$(FUZZCC) $(FUZZFLAGS) -Dmain=glm_cli_main -o $@ fuzz/fuzz_request.c $(filter-out serve.c,$(SRC)) $(LIBS)
+fuzz/bin/fuzz_request: $(call FUZZ_OBJ,$(filter-out serve.c,$(SRC))) serve.c | build/tokenizer.json
 
 # The static ISA report (tests/gpu_isa_report.sh): registers, spills, LDS and waves per SIMD of
 # every kernel for gfx942 and gfx950, and the GEMV hot loops' instructions per 4 KB of weights,
@@ -203,7 +191,7 @@ isa-report:
 clean:
 	rm -f glm glm_asan glm_hip glm_cuda glm_emu glm_emu32 glm_emu64
 	rm -rf build/gpu build/hip build/cuda build/hip-* build/cuda-* build/emu32 build/emu64 build/emu.flags build/gpu_ktest* build/compile_check build/isa_report
-	rm -rf fuzz/bin
+	rm -rf fuzz/bin fuzz/obj
 
 # The benchmark of issue 6: a 2-layer checkpoint with GLM-5.2's widths (layer 0 dense,
 # layer 1 with 64 MXFP4 experts + shared expert, BF16 attention, 8-bit embed/lm_head).

@@ -79,8 +79,9 @@ static const Flag FLAGS[] = {
                             "from the main model's hidden state at i and id i+1"},
     {"-n", "N", RUN | CHAT, "tokens to generate (default 32; chat: per reply)"},
     {"--draft", "N", RUN | CHAT, "speculative decoding: N tokens (0-16) drafted per step by the MTP layer and\n"
-                                 "checked in one pass of the main model, same output distribution (default 0:\n"
-                                 "glm bench measures drafting slower on the CPU; needs the MTP layer)"},
+                                 "checked in one pass of the main model, same output distribution (default on\n"
+                                 "the CPU: 1 with 16 or more layers, where glm bench measures it paying, else 0;\n"
+                                 "with --gpu 0; needs the MTP layer)"},
     {"-n", "N", BENCH, "decoded tokens timed at each context (default 32)"},
     {"-P", "N", BENCH, "tokens of the timed prefill (default 512)"},
     {"--long", "N", BENCH, "the context of the second decode (default 4096)"},

@@ -37,17 +37,20 @@
 /* The default --draft per backend. The rule: drafts pay when the expected tokens per step,
  * (1 - a^(N+1)) / (1 - a), exceed the step's cost in decode steps, r(N) + N·c, with r(N) and
  * c from glm bench (a pass over N + 1 tokens, and one MTP draft step, each over a decode
- * step) and a = 0.9, above the 0.6-0.85 one MTP head typically gets (docs/MODEL.md §5.2).
- * CPU: on the 2-vCPU VM this was measured on (the bench checkpoint with an MTP layer,
- * glm synth --layers 2 --experts 64 --mtp; default bf16 products; glm bench, the median
- * of 7 alternating rounds) r(1..4) = 1.33, 1.53, 1.67, 1.97 and c = 0.72: the speedup at
- * a = 0.9 is at most 0.93 (N = 1), so no N wins and the default is 0. The draft step is
- * what loses: on this 2-layer model the MTP layer and the lm_head it pays are most of a
- * decode step's bytes (on GLM-5.2 the MTP layer is 1 of 79 layers; glm plan projects it).
+ * step), for the 0.6-0.85 acceptance one MTP head typically gets (docs/MODEL.md §5.2).
+ * CPU, measured on a 2-vCPU VM (Intel Xeon; default bf16 products; glm bench, median of 3
+ * runs): the verify pass costs r(1..3) = 1.42, 1.72, 1.99 decode steps on an 8-layer model
+ * (glm synth --layers 8 --experts 64 --mtp; each extra token brings its own experts), and
+ * 1.33, 1.53, 1.67 on the 2-layer bench model. The draft step c is the MTP layer plus the
+ * lm_head over the main model's layers plus the lm_head: 0.72 with 2 layers, 0.275 with 8.
+ * So drafts lose with 2 layers (at most 0.93x at a = 0.9), break even at a = 0.7 with 8
+ * (1.00x; 1.06x at 0.8 for N = 1), and win from about 16 layers, where c <= 0.16 gives N = 1
+ * at least 1.08x at a = 0.7 (GLM-5.2, 78 layers: c ~ 0.03, ~1.17x). Hence N = 1 from 16
+ * main layers, else 0.
  * GPU: the steps run on the device through the session (session_forward_hidden,
  * session_mtp_forward_hidden, session_mtp_draft_shared), but every step copies its rows of
- * logits back (spec.c samples on the host) and r(N), c are not measured there yet (glm
- * bench skips drafting with --gpu), so 0 until they are.
+ * logits back (spec.c samples on the host) and r(N), c are not measured there (no GPU has
+ * run this code; glm bench skips drafting with --gpu), so 0 until they are.
  *
  * With --gpu: positions stay the host's (kv->pos, kv->mtp_pos, passed to every gpu_* call),
  * so a rollback is the same assignment as on the CPU; the device's main, MTP and indexer
@@ -58,7 +61,7 @@
  * device copied back) and runs the MTP layer without its indexer, as on the CPU. The verify
  * pass's N + 1 rows of logits and each draft's logits come back to the host, where
  * acceptance and sampling (sampler_probs) run; a plain step (N = 0) samples on the device. */
-enum { SPEC_DEFAULT_CPU = 0, SPEC_DEFAULT_GPU = 0 };
+enum { SPEC_DEFAULT_CPU_MIN_LAYERS = 16, SPEC_DEFAULT_CPU = 1, SPEC_DEFAULT_GPU = 0 };
 
 /* GLM_DRAFT_ORACLE=id,id,... (a test hook): the draft for position p is the p-th id
  * (a sequence the test computed beforehand, e.g. the greedy output itself) instead of
@@ -83,7 +86,7 @@ static void read_oracle(Speculator *sp, int vocab) {
 /* The number of drafts this session can run, saying why on stderr when it is fewer than
  * asked. */
 static int drafts_possible(const Session *S, int asked) {
-    const int dflt = S->gpu ? SPEC_DEFAULT_GPU : SPEC_DEFAULT_CPU;
+    const int dflt = S->gpu ? SPEC_DEFAULT_GPU : S->model.cfg.n_layers >= SPEC_DEFAULT_CPU_MIN_LAYERS ? SPEC_DEFAULT_CPU : 0;
     const int n = asked < 0 ? dflt : asked;
     if (n == 0) return 0;
     if (!S->model.mtp) {

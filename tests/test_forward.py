@@ -797,6 +797,28 @@ def t_spec_no_mtp():
     return " | ".join(out)
 
 
+def t_spec_default():
+    # --draft's CPU default (spec.c): 1 for a checkpoint of 16 or more layers with the MTP
+    # layer, 0 below; the output is the same either way (greedy)
+    out = []
+    for layers, want_n in ((6, 0), (16, 1)):
+        d = os.path.join(OUT, "spec-default-%d" % layers)
+        if not os.path.isdir(d):
+            subprocess.run([sys.executable, os.path.join(HERE, "make_tiny.py"), d, "--variant", "bf16", "--seed", "5", "--layers", str(layers)],
+                           check=True, capture_output=True)
+        prompt = [5, 6, 7]
+        got, se = run_ids(d, prompt, 6, ["--temp", "0"])
+        want, _ = run_ids(d, prompt, 6, ["--temp", "0", "--draft", "0"])
+        lines = [l for l in se.splitlines() if "--draft" in l]
+        check(got == want, "%d layers: the default's output differs from --draft 0's" % layers)
+        if want_n:
+            check(len(lines) == 1 and ("--draft %d:" % want_n) in lines[0], "%d layers: expected --draft %d by default: %r" % (layers, want_n, se[-300:]))
+        else:
+            check(not lines, "%d layers: expected no drafts by default: %r" % (layers, lines))
+        out.append("%d layers: %s" % (layers, lines[0].split(";")[1].strip() if lines else "no drafts"))
+    return "; ".join(out)
+
+
 def chi2_homogeneity(a, b, min_count=10):
     """Pearson's chi-square of two samples of symbols (bins with fewer than min_count in
     both together merged into one): (statistic, degrees of freedom)."""
@@ -1204,6 +1226,7 @@ def main():
         test("spec_greedy_%s" % v, t_spec_greedy, v)
     test("spec_index_share_off", t_spec_index_share_off)
     test("spec_no_mtp_layer", t_spec_no_mtp)
+    test("spec_cpu_default", t_spec_default)
     test("spec_sampling_distribution", t_spec_sampling)
     test("mtp_too_few_ids", t_mtp_too_few_ids)
     test("broken_mtp_eh_proj_shape", t_broken, "mtp_eh_proj_shape", "bf16", bc_mtp_eh_proj_shape, None)

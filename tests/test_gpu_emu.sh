@@ -55,6 +55,9 @@ count() { # adds a sub-suite's PASS/FAIL lines to ours
 }
 rm -rf "$OUT"; mkdir -p "$OUT"
 t_start=$(date +%s)
+# section NAME: prints how long the section before it took (the log's timings)
+t_sec=$t_start; s_name="builds"
+section() { local now; now=$(date +%s); echo "    ($s_name: $((now - t_sec)) s)"; t_sec=$now; s_name=$1; }
 
 # --- builds -------------------------------------------------------------------------------
 if ! make -s -j"$(nproc)" glm glm_emu64 glm_emu32 build/gpu_ktest64 build/gpu_ktest32 build/gpu_ktest_gfx942 build/gpu_ktest_gfx950 >"$OUT/build.log" 2>&1; then
@@ -63,6 +66,7 @@ if ! make -s -j"$(nproc)" glm glm_emu64 glm_emu32 build/gpu_ktest64 build/gpu_kt
 fi
 grep -qi "warning" "$OUT/build.log" && bad "emulation build is warning-free" "$(grep -i warning "$OUT/build.log" | head -n 3)"
 
+section "compile checks for the real targets, beside the emulated tests (they use one core, the"
 # --- compile checks for the real targets, beside the emulated tests (they use one core, the
 # emulation the others; they build only in build/hip-*, build/cuda-* and build/isa_report, and the
 # shared C objects are already built above); counted at the end ------------------------------------
@@ -73,11 +77,13 @@ if [ -z "${SAN:-}" ]; then
     cc_pid=$!
 fi
 
+section "the tiny checkpoints"
 # --- the tiny checkpoints -------------------------------------------------------------------
 MODELS="bf16 fp8 mxfp4 mixed ngroup"
 for v in bf16 fp8 mxfp4 mixed; do $PY tests/make_tiny.py "$OUT/$v" --variant $v --seed 21 >/dev/null || bad "make_tiny $v" "generator failed"; done
 $PY tests/make_tiny.py "$OUT/ngroup" --variant bf16 --seed 22 --n-group 4 --topk-group 2 >/dev/null || bad "make_tiny ngroup" "generator failed"
 
+section "kernels against glm.c's ops"
 # --- kernels against glm.c's ops ----------------------------------------------------------------
 ./build/gpu_ktest64 "$OUT/bf16" "$OUT/mixed" "$OUT/ngroup" >"$OUT/ktest64.log" 2>"$OUT/ktest64.err"
 count "$OUT/ktest64.log" "kernel tests, wave 64"
@@ -90,6 +96,7 @@ for a in gfx942 gfx950; do
     count "$OUT/ktest_$a.log" "kernel tests, $a conversions"
 done
 
+section "whole forward"
 # --- whole forward: logits against the CPU path -------------------------------------------------
 IDS=3,141,59,265,358,97,93,238,462,64,33,83,279,502,88,41   # 16 tokens; index_topk 8: half are sparse
 SHORT=7,1,400,2,9                                           # 5 tokens: the multi-token matrix-vector kernel
@@ -143,6 +150,7 @@ else bad "prefill chunk in 30 MB" "$(grep -A1 'gpu plan' "$OUT/err_chunk2" | tr 
 GLM_GPU_CHUNK=0 ./glm_emu64 logits --gpu -m "$d" --ids 1 -o "$d/x.bin" 2>"$OUT/err_chunk3"; rc=$?
 [ $rc = 1 ] && grep -q "GLM_GPU_CHUNK=0: expected" "$OUT/err_chunk3" && ok "GLM_GPU_CHUNK=0: one error line, exit 1" || bad "GLM_GPU_CHUNK=0" "rc $rc: $(cat "$OUT/err_chunk3")"
 
+section "the MTP layer"
 # --- the MTP layer: logits --mtp --gpu against the CPU's logits --mtp ------------------------------
 # [n-1][V]: row i the MTP layer's prediction of id i+2 from h_i and id i+1; the MTP layer sits on
 # the last device with its own cache rows. Same tolerance as the main logits.
@@ -183,6 +191,7 @@ b=$(GLM_GPU_CHUNK=64 $PLAIN ./glm_emu32 run --gpus 2 -m "$d" --ids "$LONG" --ctx
 if [ -n "$a" ] && [ "$a" = "$b" ]; then ok "run --gpus 2, 70-token prompt in two chunks: same tokens as the CPU ($a)"
 else bad "run --gpus 2, 70-token prompt" "CPU '$a' vs GPU '$b': $(tail -n 1 "$OUT/err_long_run")"; fi
 
+section "several GPUs"
 # --- several GPUs: the layer split must not change a bit -------------------------------------------
 # (the default kernels: the prefill's products on the matrix cores, --decode's fast matrix-vector ones)
 for m in mixed ngroup; do
@@ -203,6 +212,7 @@ for m in mixed ngroup; do
     done
 done
 
+section "glm run --gpu"
 # --- glm run --gpu: greedy and sampled tokens as on the CPU ----------------------------------------
 d=$OUT/fp8
 for args in "--temp 0" "--temp 1 --top-p 0.9 --seed 7" "--temp 0.8 --top-p 1 --seed 3"; do
@@ -212,6 +222,7 @@ for args in "--temp 0" "--temp 1 --top-p 0.9 --seed 7" "--temp 0.8 --top-p 1 --s
     else bad "run --gpu $args" "CPU '$a' vs GPU '$b'"; fi
 done
 
+section "glm run --gpu --draft N"
 # --- glm run --gpu --draft N: speculative decoding with the MTP layer on the device -------------------
 # greedy --draft 1 and 3 give --draft 0's tokens and the CPU's --draft N tokens and acceptance counts;
 # GLM_DRAFT_ORACLE (the drafts are that output itself) accepts every draft, so verify and rollback run
@@ -249,6 +260,7 @@ for args in "--temp 1 --top-p 0.9 --seed 7" "--temp 0.8 --top-p 1 --seed 3"; do
     else bad "run --gpu --draft 2 $args" "CPU '$a' vs GPU '$b'"; fi
 done
 
+section "glm serve --gpu --draft 2"
 # --- glm serve --gpu --draft 2: the engine's GPU branch (prompt chunk, verify steps, MTP drafts) -----
 # greedy tokens of a completion equal the CPU's glm run, and the log counts the drafts. A synth
 # checkpoint (the real vocabulary, which the server's tokenizer needs: its lm_head makes every
@@ -273,6 +285,7 @@ if need_tokenizer && "$CPU" synth "$OUT/srv" --tiny --mtp --seed 5 --tokenizer "
     done
 else bad "serve --gpu" "no tokenizer.json or synth failed: ${TOK_WHY:-}"; fi
 
+section "decode steps as graphs (graph_step)"
 # --- decode steps as graphs (graph_step): captured once, replayed with the position from device memory
 # 40 one-token steps over the tiny models' index_topk (8) and past a slice of indexer keys: logits bit
 # for bit those of GLM_GPU_GRAPH=0 (one launch per kernel), every step a graph launch, and captured
@@ -292,6 +305,7 @@ GLM_GPU_GRAPH=2 ./glm_emu64 logits --gpu -m "$OUT/bf16" --ids 1,2 -o "$OUT/graph
 if [ $rc = 1 ] && [ "$(grep -c 'error' "$OUT/graph2.err")" = 1 ] && grep -q "^glm: error: GLM_GPU_GRAPH=2: expected 1 or 0" "$OUT/graph2.err"; then ok "GLM_GPU_GRAPH=2: one error line, exit 1"
 else bad "GLM_GPU_GRAPH=2" "rc $rc: $(head -n 2 "$OUT/graph2.err" | tr '\n' ' ')"; fi
 
+section "glm plan counts the launches glm_hip.hip makes"
 # --- glm plan counts the launches glm_hip.hip makes ----------------------------------------------------
 # one token at a time over 20 positions (past the tiny models' index_topk, where the indexer's scoring
 # kernel starts), full and shared indexer layers, dense and MoE: the emulation's launch counter against
@@ -304,6 +318,7 @@ for v in bf16 mixed ngroup; do
     else bad "glm plan's launches ($v)" "emulation counted '${got}', glm plan says '${want}'"; fi
 done
 
+section "errors"
 # --- errors -----------------------------------------------------------------------------------------
 d=$OUT/bf16
 GLM_EMU_DEVICE_MEM=2000000 ./glm_emu64 logits --gpus 2 -m "$d" --ids 1,2 -o "$OUT/x.bin" >/dev/null 2>"$OUT/err1"; rc=$?
@@ -320,6 +335,7 @@ else bad "--gpu without a GPU" "rc $rc: $(cat "$OUT/err3")"; fi
 if [ $rc -eq 1 ] && [ "$(wc -l <"$OUT/err4")" -eq 1 ] && grep -q "built without GPU support" "$OUT/err4"; then ok "CPU build refuses --gpu in one line"
 else bad "CPU build --gpu" "rc $rc: $(cat "$OUT/err4")"; fi
 
+section "one allocation per layer"
 # --- one allocation per layer: fragmented device memory (GLM_EMU_MAX_ALLOC: the largest one hipMalloc) ---
 # (a) every layer (weights + its cache rows), the embedding, lm_head, the MTP layer and the scratch fit
 # under the limit, the device's weights together do not: it loads, and the logits are those without the limit;
@@ -340,6 +356,7 @@ if [ $rc -eq 1 ] && [ "$(grep -c 'glm: error:' "$OUT/err_alloc")" -eq 1 ] && gre
     ok "GLM_EMU_MAX_ALLOC below a layer: the plan, then one error line naming the device, layer 2 and the bytes, exit 1"
 else bad "GLM_EMU_MAX_ALLOC below a layer" "rc $rc: $(grep -v '^  device' "$OUT/err_alloc" | tail -n 2 | tr '\n' ' ')"; fi
 
+section "the compile checks started above"
 # --- the compile checks started above -----------------------------------------------------------------
 if [ -z "$cc_pid" ]; then echo "NOTE compile checks: run by the plain pass (make test), not under SAN=1"
 else
@@ -348,6 +365,7 @@ else
     count "$OUT/isa_report.log" "ISA report"
 fi
 
+section end
 echo "($(( $(date +%s) - t_start )) s)"
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

@@ -25,7 +25,8 @@
 #    cores at GLM-5.2's expert and attention shapes (TFLOP/s against the card's dense BF16
 #    peak), and on a synthetic checkpoint with the real widths (hidden 6144, 64 heads, 256
 #    experts; 1 dense + 1 MoE layer, `glm synth`) a 2048-token prefill and whole decode
-#    steps, against the copy bandwidth of the same run.
+#    steps against the copy bandwidth of the same run (as graphs, and again launched kernel
+#    by kernel with GLM_GPU_GRAPH=0).
 # Ends with one table. Exit status 0 only if every check passed.
 set -u
 cd "$(dirname "$0")/.."
@@ -164,6 +165,11 @@ row "prefill, $(val decode_layers) layers, $(val prefill_tokens) tokens" "$(val 
 p=$(pct "$dec" "$copy")
 row "decode step, $(val decode_layers) layers, $(val decode_MB) MB/token" "$(val decode_ms) ms, ${dec:-?} GB/s" "$p% of bytes/token limit (>= 50%)"
 if [ "$p" != "?" ] && [ "$p" -ge 50 ]; then ok "decode step at $p% of the bytes-per-token limit"; else bad "decode step" "$p% of the bytes-per-token limit (target 50%)"; fi
+# the same decode step launched kernel by kernel (GLM_GPU_GRAPH=0): what the graph saves
+GLM_GPU_GRAPH=0 timeout $([ "$vendor" = emu ] && echo 1200 || echo 240) "$KT" --bench "$S" >"$OUT/bench_nograph.log" 2>"$OUT/bench_nograph.err" ||
+    bad "bench GLM_GPU_GRAPH=0" "$(tail -n 3 "$OUT/bench_nograph.err" | tr '\n' ' ')"
+d0=$(grep "^BENCH decode_ms " "$OUT/bench_nograph.log" | awk '{print $3}')
+row "decode step, one launch per kernel (GLM_GPU_GRAPH=0)" "${d0:-?} ms" "the graph: $(val decode_ms) ms"
 
 echo
 echo "gpu_check: $gpu_name, $vendor build, $(( $(date +%s) - T0 )) s"

@@ -125,9 +125,10 @@ static int test_set(const char *want) {
                     if (simd.matvec_bf16_n) {
                         /* n tokens at once: each token's results bit for bit its one-token
                          * matvec_bf16's (glm serve's batch invariance), for n around the
-                         * kernel's groups of 4 and odd row counts (FP8 pairs rows) */
-                        const int np = (cols + 127) & ~127, ns[] = {2, 3, 5, 8};
-                        for (int q = 0; q < 4; q++) {
+                         * kernel's groups of 4 up to glm serve's 16-row batches, and odd row
+                         * counts (FP8 pairs rows) */
+                        const int np = (cols + 127) & ~127, ns[] = {2, 3, 5, 8, 16};
+                        for (int q = 0; q < 5; q++) {
                             const int n = ns[q];
                             uint16_t *xb = calloc((size_t)n * np, 2);
                             float *xt = malloc((size_t)n * cols * 4), *yn = malloc((size_t)n * nr * 4), *y1 = malloc((size_t)nr * 4);

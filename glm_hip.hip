@@ -2476,6 +2476,10 @@ static int mla_slices(int cus, int n, int kmax, int *slice_len) {
 /* The shapes the fast attention and indexer kernels hold (GLM-5.2's fit); others run the plain ones. */
 static int mla_fast(const Config *c) { return c->n_heads <= MLA_HEADS && c->kv_lora_rank <= 32 * MLA_COLS; }
 static int ix_fast(const Config *c) { return c->index_n_heads <= IX_HEADS && c->index_head_dim <= IX_DIM; }
+/* The indexer's scoring kernel for vmax visible keys: the tiled one (fast kernels and
+ * shapes it fits) or the plain one, and its blocks along the keys. */
+static int ix_tiled(const Config *c) { return !g_plain_kernels && ix_fast(c); }
+static unsigned ix_key_blocks(const Config *c, int vmax) { return ix_tiled(c) ? (vmax + IX_KEYS - 1) / IX_KEYS : (vmax + BLOCK - 1) / BLOCK; }
 
 /* The most tiles k_moe_group can list for a chunk of n tokens: every expert's pairs (the
  * shared expert's n too) in tiles of BN (k_gemm_grouped's mma_tile<true>), the last one of
@@ -2910,11 +2914,11 @@ static void indexer_select(GpuModel *g, GDev *D, const GLayer *L, int n, int pos
     LAUNCHED(k_ix_key, dim3(n), dim3(BLOCK), 0, 0, L->index_k, (const float *)D->ix_k, (const float *)L->ix_knorm_w, (const float *)L->ix_knorm_b, ID, c->qk_rope, pos0,
            (const float *)D->rope, g_pos_dev);
     int vmax = pos0 + n;
-    if (vmax > K && !g_plain_kernels && ix_fast(c))
-        LAUNCHED(k_ix_scores_tiled, dim3((vmax + IX_KEYS - 1) / IX_KEYS, (n + IX_TOKENS - 1) / IX_TOKENS), dim3(BLOCK), 0, 0, D->ix_scores, g->ctx, (const float *)D->ix_q,
+    if (vmax > K && ix_tiled(c))
+        LAUNCHED(k_ix_scores_tiled, dim3(ix_key_blocks(c, vmax), (n + IX_TOKENS - 1) / IX_TOKENS), dim3(BLOCK), 0, 0, D->ix_scores, g->ctx, (const float *)D->ix_q,
                  (const float *)D->ix_w, (const float *)L->index_k, IH, ID, K, pos0, n, g_pos_dev);
     else if (vmax > K)
-        LAUNCHED(k_ix_scores, dim3((vmax + BLOCK - 1) / BLOCK, n), dim3(BLOCK), 0, 0, D->ix_scores, g->ctx, (const float *)D->ix_q, (const float *)D->ix_w,
+        LAUNCHED(k_ix_scores, dim3(ix_key_blocks(c, vmax), n), dim3(BLOCK), 0, 0, D->ix_scores, g->ctx, (const float *)D->ix_q, (const float *)D->ix_w,
                (const float *)L->index_k, IH, ID, K, pos0, g_pos_dev);
     LAUNCHED(k_topk, dim3(n), dim3(BLOCK), 0, 0, (const float *)D->ix_scores, g->ctx, K, pos0, D->sel, D->n_sel, g_pos_dev);
 }
@@ -3162,7 +3166,7 @@ static void graph_key(GpuModel *g, int n, int pos, int key[GRAPH_KEY]) {
     const Config *c = &g->c;
     const int K = c->index_topk, vmax = pos + n;
     key[0] = n;
-    key[1] = vmax > K ? (ix_fast(c) ? (vmax + IX_KEYS - 1) / IX_KEYS : -((vmax + BLOCK - 1) / BLOCK)) : 0;
+    key[1] = vmax > K ? (int)ix_key_blocks(c, vmax) : 0;
     key[2] = key[3] = 0;
     if (mla_fast(c)) key[2] = mla_slices(device_cus(0), n, vmax < K ? vmax : K, &key[3]);
 }
@@ -3538,11 +3542,11 @@ extern "C" void gpuk_ix_scores(float *scores, const float *ix_q, const float *ix
     float *dq = (float *)dev_copy(ix_q, (size_t)n * IH * ID * 4), *dw = (float *)dev_copy(ix_w, (size_t)n * IH * 4), *dk = (float *)dev_copy(keys, (size_t)T * ID * 4);
     float *dsc = (float *)dev_copy(NULL, (size_t)n * T * 4);
     CHECK(hipMemset(dsc, 0xff, (size_t)n * T * 4));
-    if (!g_plain_kernels && ix_fast(c))
-        LAUNCHED(k_ix_scores_tiled, dim3((vmax + IX_KEYS - 1) / IX_KEYS, (n + IX_TOKENS - 1) / IX_TOKENS), dim3(BLOCK), 0, 0, dsc, T, (const float *)dq, (const float *)dw,
+    if (ix_tiled(c))
+        LAUNCHED(k_ix_scores_tiled, dim3(ix_key_blocks(c, vmax), (n + IX_TOKENS - 1) / IX_TOKENS), dim3(BLOCK), 0, 0, dsc, T, (const float *)dq, (const float *)dw,
                  (const float *)dk, IH, ID, K, pos0, n, (const int *)NULL);
     else
-        LAUNCHED(k_ix_scores, dim3((vmax + BLOCK - 1) / BLOCK, n), dim3(BLOCK), 0, 0, dsc, T, (const float *)dq, (const float *)dw, (const float *)dk, IH, ID, K, pos0,
+        LAUNCHED(k_ix_scores, dim3(ix_key_blocks(c, vmax), n), dim3(BLOCK), 0, 0, dsc, T, (const float *)dq, (const float *)dw, (const float *)dk, IH, ID, K, pos0,
                  (const int *)NULL);
     host_copy(scores, dsc, (size_t)n * T * 4);
     dfree(dq); dfree(dw); dfree(dk); dfree(dsc);

@@ -153,8 +153,6 @@ static int reconcile(Speculator *sp, KVCache *kv, int keep) {
 void spec_prefill(Speculator *sp, Session *S, const int *ids, int n, float *logits) {
     KVCache *kv = sp->kv;
     if (!sp->n_draft) { session_forward(S, kv, ids + kv->pos, n - kv->pos, logits, 0); return; }
-    const Model *m = &S->model;
-    const size_t H = (size_t)m->cfg.hidden;
     kv->pos = reconcile(sp, kv, kv->pos);
     memcpy(sp->tok, ids, (size_t)n * sizeof(int));
     /* in chunks of the RunState's size, as forward() would cut the prompt (same rows, same
@@ -162,7 +160,7 @@ void spec_prefill(Speculator *sp, Session *S, const int *ids, int n, float *logi
      * their MTP rows (the token after each is known) */
     while (kv->pos < n) {
         const int B = n - kv->pos < S->state.cap ? n - kv->pos : S->state.cap;
-        session_forward_hidden(S, kv, ids + kv->pos, B, kv->pos + B == n ? logits : NULL, 0, sp->pend + (size_t)sp->n_pend * H);
+        session_forward_hidden(S, kv, ids + kv->pos, B, kv->pos + B == n ? logits : NULL, 0, spec_pending_end(sp));
         spec_prompt_chunk(sp, S, B);
     }
 }

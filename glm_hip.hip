@@ -2307,6 +2307,8 @@ struct GDev {            /* one device: its layer range, weights, cache and a Ru
     SampleBufs samp;     /* the sampler's buffers (last device) */
     float *split_part;   /* [split_part_floats] the split products' partial sums (k_gemv_fast) */
     unsigned *split_count; /* [GF_COUNTS] their arrival counters, kept at 0 between launches */
+    hipStream_t stream;  /* (with graphs) where this device's share of a step is captured and launched */
+    int *pos_dev;        /* [1] (with graphs) the step's position, which the captured kernels read */
 };
 
 struct GMtp {            /* the MTP layer (glm.h Mtp) on the last device, its cache rows in that device's KV arena */
@@ -2315,12 +2317,12 @@ struct GMtp {            /* the MTP layer (glm.h Mtp) on the last device, its ca
     float *enorm, *hnorm, *head_norm;
 };
 
-#define GRAPH_KEY 6      /* tokens, indexer grid, attention slices and length, all_logits, hidden */
+#define GRAPH_KEY (4 + 2 * GPU_MAX_DEVICES) /* tokens, indexer grid, all_logits, hidden, each device's attention slices and length */
 #define GRAPH_CACHE 4    /* captured steps kept: a decode step and --draft's verify step alternate */
-struct GpuGraph {
-    hipGraphExec_t exec; /* NULL: unused */
+struct GpuGraph {        /* one step's shapes, captured: a graph per device */
+    hipGraphExec_t exec[GPU_MAX_DEVICES]; /* exec[0] NULL: unused */
     int key[GRAPH_KEY];  /* the launch shapes it holds (graph_key) */
-    long kernels;        /* its kernels (the launch counter adds them at each replay) */
+    long kernels;        /* its kernels on all devices (the launch counter adds them at each replay) */
     unsigned long last_use;
 };
 
@@ -2335,10 +2337,8 @@ struct GpuModel {
     GMtp *mtp;           /* NULL: the checkpoint has no MTP layer */
     size_t upload_total, upload_done;
     double upload_t0;
-    /* decode and verify steps as graphs (graph_step; GLM_GPU_GRAPH=0: off) */
+    /* decode and verify steps as graphs, one per device (graph_step; GLM_GPU_GRAPH=0: off) */
     int graphs;
-    hipStream_t stream;  /* where the graphs are captured and launched */
-    int *pos_dev;        /* [1] on device 0: the step's position, which captured kernels read */
     GpuGraph graph[GRAPH_CACHE]; /* the captured steps, the least recently used replaced */
     unsigned long graph_clock;
 };
@@ -2816,12 +2816,13 @@ extern "C" GpuModel *gpu_load(const Model *m, int n_gpus, int ctx) {
     free(lb);
     g->upload_done = g->upload_total;
     progress("gpu: uploading weights", g->upload_done, g->upload_total, g->upload_t0);
-    CHECK(hipSetDevice(0));
     g->graphs = graphs;
-    if (g->graphs) {
-        CHECK(hipStreamCreate(&g->stream));
-        CHECK(hipMalloc((void **)&g->pos_dev, sizeof(int)));
+    for (int d = 0; g->graphs && d < n_gpus; d++) {
+        CHECK(hipSetDevice(d)); /* a stream belongs to the device current when it is made */
+        CHECK(hipStreamCreate(&g->dev[d].stream));
+        CHECK(hipMalloc((void **)&g->dev[d].pos_dev, sizeof(int)));
     }
+    CHECK(hipSetDevice(0));
     return g;
 }
 
@@ -2833,12 +2834,12 @@ extern "C" void gpu_free(GpuModel *g) {
         fprintf(stderr, "glm: gpu: %ld steps as graphs, %ld captures\n", g_graph_launches, g_graph_captures);
     }
     if (!g) return;
-    if (g->graphs) {
-        CHECK(hipSetDevice(0));
+    for (int d = 0; g->graphs && d < g->n_dev; d++) {
+        CHECK(hipSetDevice(d));
         for (int i = 0; i < GRAPH_CACHE; i++)
-            if (g->graph[i].exec) CHECK(hipGraphExecDestroy(g->graph[i].exec));
-        CHECK(hipStreamDestroy(g->stream));
-        CHECK(hipFree(g->pos_dev));
+            if (g->graph[i].exec[d]) CHECK(hipGraphExecDestroy(g->graph[i].exec[d]));
+        CHECK(hipStreamDestroy(g->dev[d].stream));
+        CHECK(hipFree(g->dev[d].pos_dev));
     }
     for (int d = 0; d < g->n_dev; d++) {
         GDev *D = &g->dev[d];
@@ -3135,95 +3136,104 @@ static void head(GpuModel *g, GDev *D, const float *norm, int start, int B, int 
  * logits [n][V] if all_logits, else only the last token's [V] (to `logits` unless it
  * is NULL; they also stay on the device for gpu_sample); hidden [n][H] (if not NULL):
  * each token's final-normed hidden state, the MTP layer's h_t (glm.c forward_hidden). */
-/* The B tokens in device 0's D->tokens at positions pos0.. through every layer (handed
- * from device to device); returns the device that holds the last layer's output in x. */
-static GDev *run_layers(GpuModel *g, int B, int pos0) {
+/* Device D's share of a step of B tokens at positions pos0..: the embedding (device 0,
+ * from its D->tokens), its layers l0..l1-1, and the last one's residual add. Only
+ * launches: a graph captures exactly this. */
+static void device_layers(GpuModel *g, GDev *D, int B, int pos0) {
     const Config *c = &g->c;
-    GDev *D = &g->dev[0];
-    LAUNCHED(k_embed, dim3(B), dim3(BLOCK), 0, 0, g->embed, (const int *)D->tokens, D->x);
-    int pending = 0; /* the last layer's MLP output is not added yet */
-    for (int l = 0; l < c->n_layers; l++) {
-        const GLayer *L = &g->layers[l];
-        if (L->dev != D->id) {
-            if (pending) residual_add(g, D, B);
-            pending = 0;
-            hand_over(g, D, &g->dev[L->dev], B);
-            D = &g->dev[L->dev];
-        }
-        layer_forward(g, D, L, c->dense[l], B, pos0, pending);
-        pending = 1;
+    if (D->id == 0) LAUNCHED(k_embed, dim3(B), dim3(BLOCK), 0, 0, g->embed, (const int *)D->tokens, D->x);
+    for (int l = D->l0; l < D->l1; l++) /* from the second layer on, the previous MLP's output is still to add */
+        layer_forward(g, D, &g->layers[l], c->dense[l], B, pos0, l > D->l0);
+    residual_add(g, D, B);
+}
+
+/* The B tokens in device 0's D->tokens at positions pos0.. through every layer, device
+ * after device; returns the last device, whose x holds the last layer's output. */
+static GDev *run_layers(GpuModel *g, int B, int pos0) {
+    for (int d = 0; d < g->n_dev; d++) {
+        if (d > 0) hand_over(g, &g->dev[d - 1], &g->dev[d], B);
+        device_layers(g, &g->dev[d], B, pos0);
     }
-    if (pending) residual_add(g, D, B);
-    return D;
+    return &g->dev[g->n_dev - 1];
 }
 
 /* What a step of n tokens at position pos launches that depends on n and pos: the
  * products' and MLP's kernels (n), the indexer's scoring grid (none before the context
- * passes index_topk) and attention's slice count and length. A captured step replays
- * while these stay the same; everything else it needs of pos, the kernels read from
- * g->pos_dev. */
-static void graph_key(GpuModel *g, int n, int pos, int key[GRAPH_KEY]) {
+ * passes index_topk), what the head copies out, and each device's attention slice count
+ * and length (from its compute units). A captured step replays while these stay the
+ * same; everything else it needs of pos, the kernels read from the device's pos_dev. */
+static void graph_key(GpuModel *g, int n, int pos, int all_logits, int hidden, int key[GRAPH_KEY]) {
     const Config *c = &g->c;
     const int K = c->index_topk, vmax = pos + n;
+    memset(key, 0, GRAPH_KEY * sizeof(int));
     key[0] = n;
     key[1] = vmax > K ? (int)ix_key_blocks(c, vmax) : 0;
-    key[2] = key[3] = 0;
-    if (mla_fast(c)) key[2] = mla_slices(device_cus(0), n, vmax < K ? vmax : K, &key[3]);
+    key[2] = all_logits;
+    key[3] = hidden;
+    for (int d = 0; d < g->n_dev && mla_fast(c); d++) key[4 + 2 * d] = mla_slices(device_cus(d), n, vmax < K ? vmax : K, &key[5 + 2 * d]);
 }
 
-/* A decode step, or --draft's verify step (n <= GEMV_MAXN tokens, one device, the fast
- * kernels), as one graph launch instead of ~18 launches per layer: the step is captured
- * once (on g->stream, the kernels that take a position reading it from g->pos_dev) and
- * replayed with the new tokens and position while graph_key stays the same: a new
- * slice of keys every few dozen positions captures it again. The kernels are the ones
- * run_layers and head_rows launch, in the same order; the copies to the host follow. */
+/* A decode step, or --draft's verify step (n <= GEMV_MAXN tokens, the fast kernels), as
+ * one graph launch per device instead of ~18 launches per layer. Each device's share
+ * (device_layers; the last one's also head_rows) is captured once on its own stream,
+ * the kernels that take a position reading it from that device's pos_dev, and replayed
+ * with the new tokens and position while graph_key stays the same: a new slice of keys
+ * every few dozen positions captures it again. Between devices the residual stream is
+ * handed over as run_layers does (hand_over: both devices synchronized, then the peer
+ * copies); the head's copies to the host follow the last graph. */
 static void graph_step(GpuModel *g, const int *tokens, int n, float *logits, int all_logits, float *hidden) {
-    GDev *D = &g->dev[0];
     const int pos0 = g->pos;
     int key[GRAPH_KEY];
-    CHECK(hipSetDevice(0));
-    graph_key(g, n, pos0, key);
-    key[4] = all_logits;
-    key[5] = hidden != NULL;
+    graph_key(g, n, pos0, all_logits, hidden != NULL, key);
     GpuGraph *G = NULL, *oldest = &g->graph[0];
     for (int i = 0; i < GRAPH_CACHE; i++) {
-        if (g->graph[i].exec && !memcmp(key, g->graph[i].key, sizeof key)) G = &g->graph[i];
+        if (g->graph[i].exec[0] && !memcmp(key, g->graph[i].key, sizeof key)) G = &g->graph[i];
         if (g->graph[i].last_use < oldest->last_use) oldest = &g->graph[i];
     }
     if (!G) {
         G = oldest;
-        if (G->exec) CHECK(hipGraphExecDestroy(G->exec));
-        hipGraph_t graph;
         const long before = g_launches;
-        CHECK(hipStreamBeginCapture(g->stream, hipStreamCaptureModeThreadLocal));
-        g_stream = g->stream;
-        g_pos_dev = g->pos_dev;
-        run_layers(g, n, pos0);
-        head_rows(g, D, g->final_norm, 0, n, n, all_logits, hidden != NULL);
-        g_stream = 0;
-        g_pos_dev = NULL;
-        CHECK(hipStreamEndCapture(g->stream, &graph));
-        CHECK(hipGraphInstantiateWithFlags(&G->exec, graph, 0));
-        CHECK(hipGraphDestroy(graph));
+        for (int d = 0; d < g->n_dev; d++) {
+            GDev *D = &g->dev[d];
+            CHECK(hipSetDevice(d));
+            if (G->exec[d]) CHECK(hipGraphExecDestroy(G->exec[d]));
+            hipGraph_t graph;
+            CHECK(hipStreamBeginCapture(D->stream, hipStreamCaptureModeThreadLocal));
+            g_stream = D->stream;
+            g_pos_dev = D->pos_dev;
+            device_layers(g, D, n, pos0);
+            if (d == g->n_dev - 1) head_rows(g, D, g->final_norm, 0, n, n, all_logits, hidden != NULL);
+            g_stream = 0;
+            g_pos_dev = NULL;
+            CHECK(hipStreamEndCapture(D->stream, &graph));
+            CHECK(hipGraphInstantiateWithFlags(&G->exec[d], graph, 0));
+            CHECK(hipGraphDestroy(graph));
+        }
+        g_graph_captures++;
         G->kernels = g_launches - before;
         g_launches = before;
         memcpy(G->key, key, sizeof key);
-        g_graph_captures++;
     }
     G->last_use = ++g->graph_clock;
-    CHECK(hipMemcpyAsync(D->tokens, tokens, (size_t)n * sizeof(int), hipMemcpyHostToDevice, g->stream));
-    CHECK(hipMemcpyAsync(g->pos_dev, &pos0, sizeof(int), hipMemcpyHostToDevice, g->stream));
-    CHECK(hipGraphLaunch(G->exec, g->stream));
-    g_launches += G->kernels;
+    CHECK(hipSetDevice(0));
+    CHECK(hipMemcpyAsync(g->dev[0].tokens, tokens, (size_t)n * sizeof(int), hipMemcpyHostToDevice, g->dev[0].stream));
+    for (int d = 0; d < g->n_dev; d++) {
+        GDev *D = &g->dev[d];
+        if (d > 0) hand_over(g, &g->dev[d - 1], D, n); /* leaves device d current */
+        CHECK(hipMemcpyAsync(D->pos_dev, &pos0, sizeof(int), hipMemcpyHostToDevice, D->stream));
+        CHECK(hipGraphLaunch(G->exec[d], D->stream));
+    }
     g_graph_launches++;
+    g_launches += G->kernels;
     g->pos += n;
-    head_copy(g, D, 0, n, n, logits, all_logits, hidden); /* the null stream waits for g->stream (a blocking stream) */
+    /* the null stream waits for the last device's stream (a blocking stream) */
+    head_copy(g, &g->dev[g->n_dev - 1], 0, n, n, logits, all_logits, hidden);
 }
 
 extern "C" void gpu_forward_hidden(GpuModel *g, int pos, const int *tokens, int n, float *logits, int all_logits, float *hidden) {
     g->pos = pos; /* the cache beyond pos is overwritten, as on the CPU (chat rewinds it) */
     if (g->pos + n > g->ctx) glm_fatal("--ctx %d: %d more tokens do not fit the context (%d cached)", g->ctx, n, g->pos);
-    if (g->graphs && n <= GEMV_MAXN && g->n_dev == 1 && !g_plain_kernels) {
+    if (g->graphs && n <= GEMV_MAXN && !g_plain_kernels) {
         graph_step(g, tokens, n, logits, all_logits, hidden);
         CHECK(hipGetLastError());
         return;

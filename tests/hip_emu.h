@@ -384,6 +384,7 @@ inline void emu_run(dim3 grid, dim3 block, size_t shmem, const std::function<voi
  * A synchronous call during capture (hipMemcpy, hipMemset, a synchronize) is an error on
  * real hardware, and is fatal here. */
 inline bool emu_capturing;
+inline struct EmuStream *emu_capture_stream; /* the stream being captured */
 inline std::vector<std::function<void()>> emu_captured;
 inline void emu_not_capturing(const char *what) {
     if (emu_capturing) {
@@ -395,8 +396,10 @@ inline void emu_not_capturing(const char *what) {
 /* LAUNCH(kernel, grid, block, shared bytes, stream, args...): the arguments are
  * converted to the kernel's parameter types once, as a real launch copies them (and a
  * captured launch keeps that copy). */
+inline void emu_check_stream(struct EmuStream *s, const char *what);
 template <class... P, class... A>
-inline void emu_launch(dim3 grid, dim3 block, size_t shmem, void (*k)(P...), A &&...a) {
+inline void emu_launch(struct EmuStream *s, dim3 grid, dim3 block, size_t shmem, void (*k)(P...), A &&...a) {
+    emu_check_stream(s, "a kernel launch");
     std::tuple<typename std::decay<P>::type...> args(std::forward<A>(a)...);
     if (emu_capturing) {
         emu_captured.push_back([=] { emu_run(grid, block, shmem, [&] { std::apply(k, args); }); });
@@ -404,7 +407,7 @@ inline void emu_launch(dim3 grid, dim3 block, size_t shmem, void (*k)(P...), A &
     }
     emu_run(grid, block, shmem, [&] { std::apply(k, args); });
 }
-#define LAUNCH(k, grid, block, shmem, stream, ...) ((void)(stream), emu_launch(dim3(grid), dim3(block), (shmem), k, __VA_ARGS__))
+#define LAUNCH(k, grid, block, shmem, stream, ...) emu_launch((stream), dim3(grid), dim3(block), (shmem), k, __VA_ARGS__)
 
 /* ---- device intrinsics ----------------------------------------------------------- */
 inline float __int_as_float(int i) { float f; memcpy(&f, &i, 4); return f; }
@@ -559,7 +562,8 @@ inline hipError_t hipMemcpy(void *d, const void *s, size_t n, hipMemcpyKind) {
     emu_pending[emu_device & 63] = 0;
     return hipSuccess;
 }
-inline hipError_t hipMemcpyAsync(void *d, const void *s, size_t n, hipMemcpyKind, hipStream_t = nullptr) {
+inline hipError_t hipMemcpyAsync(void *d, const void *s, size_t n, hipMemcpyKind, hipStream_t st = nullptr) {
+    emu_check_stream(st, "hipMemcpyAsync");
     if (emu_capturing) { emu_captured.push_back([=] { if (n) memmove(d, s, n); }); return hipSuccess; }
     if (n) memmove(d, s, n);
     emu_pending[emu_device & 63] = 1;
@@ -579,39 +583,62 @@ inline hipError_t hipMemset(void *d, int v, size_t n) {
     emu_pending[emu_device & 63] = 1;
     return hipSuccess;
 }
-inline hipError_t hipMemsetAsync(void *d, int v, size_t n, hipStream_t = nullptr) {
+inline hipError_t hipMemsetAsync(void *d, int v, size_t n, hipStream_t st = nullptr) {
+    emu_check_stream(st, "hipMemsetAsync");
     if (emu_capturing) { emu_captured.push_back([=] { memset(d, v, n); }); return hipSuccess; }
     memset(d, v, n);
     emu_pending[emu_device & 63] = 1;
     return hipSuccess;
 }
 inline hipError_t hipDeviceSynchronize() { emu_not_capturing("hipDeviceSynchronize"); emu_pending[emu_device & 63] = 0; return hipSuccess; }
-/* A stream is a handle (work runs at once, in call order); capture needs one that is not
- * the null stream, as on real hardware. */
-struct EmuStream { int unused; };
-inline hipError_t hipStreamCreate(hipStream_t *s) { *s = new EmuStream{0}; return hipSuccess; }
+/* A stream is a handle (work runs at once, in call order) that belongs to the device
+ * current when it was made. As on real hardware: work sent to a stream of another device
+ * than the current one is an error, capture needs a stream that is not the null stream,
+ * and while a stream is captured every launch and async copy must go to that stream (the
+ * null stream would not be recorded: the graph would miss it). */
+struct EmuStream { int dev; };
+inline void emu_check_stream(struct EmuStream *s, const char *what) {
+    char msg[200];
+    if (s && s->dev != emu_device) {
+        snprintf(msg, sizeof msg, "%s into a stream of device %d while device %d is current", what, s->dev, emu_device);
+        emu_die(msg);
+    }
+    if (emu_capturing && s != emu_capture_stream) {
+        snprintf(msg, sizeof msg, "%s into %s during another stream's capture (it would not be in the graph)", what,
+                 s ? "a stream" : "the null stream");
+        emu_die(msg);
+    }
+}
+inline hipError_t hipStreamCreate(hipStream_t *s) { emu_dev_init(); *s = new EmuStream{emu_device}; return hipSuccess; }
 inline hipError_t hipStreamDestroy(hipStream_t s) { delete s; return hipSuccess; }
 inline hipError_t hipStreamSynchronize(hipStream_t) { emu_not_capturing("hipStreamSynchronize"); emu_pending[emu_device & 63] = 0; return hipSuccess; }
-/* Graphs: the captured nodes; an executable graph is a copy of them. */
-typedef struct EmuGraph { std::vector<std::function<void()>> nodes; } *hipGraph_t, *hipGraphExec_t;
+/* Graphs: the captured nodes and the device whose stream was captured; an executable
+ * graph is a copy of them, launched on a stream of that device. */
+typedef struct EmuGraph { std::vector<std::function<void()>> nodes; int dev; } *hipGraph_t, *hipGraphExec_t;
 typedef enum { hipStreamCaptureModeGlobal, hipStreamCaptureModeThreadLocal, hipStreamCaptureModeRelaxed } hipStreamCaptureMode;
 inline hipError_t hipStreamBeginCapture(hipStream_t s, hipStreamCaptureMode) {
     if (!s) emu_die("hipStreamBeginCapture on the null stream");
     if (emu_capturing) emu_die("hipStreamBeginCapture while already capturing");
+    emu_check_stream(s, "hipStreamBeginCapture");
     emu_capturing = true;
+    emu_capture_stream = s;
     emu_captured.clear();
     return hipSuccess;
 }
-inline hipError_t hipStreamEndCapture(hipStream_t, hipGraph_t *g) {
+inline hipError_t hipStreamEndCapture(hipStream_t s, hipGraph_t *g) {
     if (!emu_capturing) emu_die("hipStreamEndCapture without a capture");
+    if (s != emu_capture_stream) emu_die("hipStreamEndCapture on a stream that is not being captured");
     emu_capturing = false;
-    *g = new EmuGraph{std::move(emu_captured)};
+    emu_capture_stream = nullptr;
+    *g = new EmuGraph{std::move(emu_captured), s->dev};
     emu_captured.clear();
     return hipSuccess;
 }
-inline hipError_t hipGraphInstantiateWithFlags(hipGraphExec_t *e, hipGraph_t g, unsigned long long) { *e = new EmuGraph{g->nodes}; return hipSuccess; }
-inline hipError_t hipGraphLaunch(hipGraphExec_t e, hipStream_t) {
+inline hipError_t hipGraphInstantiateWithFlags(hipGraphExec_t *e, hipGraph_t g, unsigned long long) { *e = new EmuGraph{g->nodes, g->dev}; return hipSuccess; }
+inline hipError_t hipGraphLaunch(hipGraphExec_t e, hipStream_t s) {
     emu_not_capturing("hipGraphLaunch");
+    emu_check_stream(s, "hipGraphLaunch");
+    if (e->dev != emu_device) emu_die("hipGraphLaunch of a graph captured on another device");
     for (auto &node : e->nodes) node();
     emu_pending[emu_device & 63] = 1;
     return hipSuccess;

@@ -24,7 +24,8 @@
 #   - run --gpu --draft N (the MTP layer drafts on the device, the verify pass checks) prints
 #     --draft 0's and the CPU's tokens, greedy, with GLM_DRAFT_ORACLE, on --gpus 2, sampled;
 #   - decode (and --draft verify) steps as graphs: logits bit-identical to GLM_GPU_GRAPH=0, recaptured only when the
-#     launch shapes change (the emulator records a capture and dies on a synchronous call in it);
+#     launch shapes change (the emulator records a capture and dies on a synchronous call in it, and on
+#     work sent to another device's stream); with --gpus 2 and 3 a graph per device, the same logits;
 #   - serve --gpu --draft 2: a completion's greedy tokens are glm run's;
 #   - run --gpu (sampling on the device) prints the CPU's tokens; the plan refuses a
 #     model that does not fit; the CPU build refuses --gpu in one line;
@@ -299,6 +300,15 @@ for run in "bf16 glm_emu32" "mxfp4 glm_emu64"; do
         if [ -s "$OUT/graph0.bin" ] && cmp -s "$OUT/graph1.bin" "$OUT/graph0.bin" && [ "${st% *}" = 40 ] && [ "${st#* }" -gt 1 ] && [ "${st#* }" -lt 10 ]; then
             ok "decode graphs $v ($bin): logits identical to GLM_GPU_GRAPH=0 (graph launches, captures: $st)"
         else bad "decode graphs $v ($bin)" "graph launches, captures '$st'; $(cmp "$OUT/graph1.bin" "$OUT/graph0.bin" 2>&1); $(tail -n 1 "$OUT/graph1.err")"; fi
+        # over several devices: a graph per device (each captured on its own device's stream: the
+        # emulation rejects work sent to another device's stream), handed over between them
+        for n in 2 3; do
+            GLM_GPU_LAUNCHES=1 ./$bin logits --gpus $n --decode -m "$OUT/$v" --ids "$(seq -s, 1 40)" -o "$OUT/graph1_$n.bin" >/dev/null 2>"$OUT/graph1_$n.err"
+            st=$(sed -n 's/^glm: gpu: \([0-9]*\) steps as graphs, \([0-9]*\) captures$/\1 \2/p' "$OUT/graph1_$n.err")
+            if [ -s "$OUT/graph0.bin" ] && cmp -s "$OUT/graph1_$n.bin" "$OUT/graph0.bin" && [ "${st% *}" = 40 ] && [ "${st#* }" -gt 1 ] && [ "${st#* }" -lt 10 ]; then
+                ok "decode graphs $v ($bin) --gpus $n: a graph per device, logits identical to --gpus 1 without graphs (steps, captures: $st)"
+            else bad "decode graphs $v ($bin) --gpus $n" "steps, captures '$st'; $(cmp "$OUT/graph1_$n.bin" "$OUT/graph0.bin" 2>&1); $(tail -n 1 "$OUT/graph1_$n.err")"; fi
+        done
     }
 done
 GLM_GPU_GRAPH=2 ./glm_emu64 logits --gpu -m "$OUT/bf16" --ids 1,2 -o "$OUT/graph2.bin" >/dev/null 2>"$OUT/graph2.err"; rc=$?
@@ -317,6 +327,33 @@ for v in bf16 mixed ngroup; do
     if [ -n "$got" ] && [ "$got" = "$want" ]; then ok "glm plan's launches = the emulation's count ($v, 20 one-token steps: $got)"
     else bad "glm plan's launches ($v)" "emulation counted '${got}', glm plan says '${want}'"; fi
 done
+# over 2 devices a step launches one kernel more (the residual add before the hand-over), which the
+# plan's step time counts beside the hand-over itself
+got=$(GLM_GPU_LAUNCHES=1 ./glm_emu64 logits --gpus 2 --decode -m "$OUT/bf16" --ids "$(seq -s, 1 20)" -o "$OUT/plan_logits.bin" 2>&1 >/dev/null | sed -n 's/^glm: gpu: \([0-9]*\) kernel launches$/\1/p')
+want=$("$CPU" plan -m "$OUT/bf16" --json 2>/dev/null | $PY -c "import json,sys; print(sum(json.load(sys.stdin)['launches_positions_0_31'][:20]) + 20)")
+if [ -n "$got" ] && [ "$got" = "$want" ]; then ok "--gpus 2: the emulation's count = glm plan's launches + one per step ($got)"
+else bad "glm plan's launches, --gpus 2" "emulation counted '${got}', glm plan + 20 = '${want}'"; fi
+# GLM-5.2's weights and a hand-over's cost in the plan, against the shapes and the step-time formula
+# written out here: amd/GLM-5.2-MXFP4 = routed experts MXFP4 (4.25 bits), the router F32, the rest BF16
+"$CPU" plan --glm52 --json >"$OUT/plan1.json" 2>/dev/null; "$CPU" plan --glm52 --gpus 3 --json >"$OUT/plan3.json" 2>/dev/null
+why=$($PY - "$OUT/plan1.json" "$OUT/plan3.json" <<'PYEOF'
+import json, sys
+p1, p3 = (json.load(open(f)) for f in sys.argv[1:3])
+H, V, NH, QR, KR, DN, DR, DV, IH, ID, E, FI, DI = 6144, 154880, 64, 2048, 512, 192, 64, 256, 32, 128, 256, 2048, 12288
+attn = 2 * (QR * H + NH * (DN + DR) * QR + (KR + DR) * H + NH * (DN + DV) * KR + H * NH * DV)
+indexer = 2 * (IH * ID * QR + ID * H + IH * H)
+moe = 4 * E * H + 2 * 3 * FI * H + E * 3 * FI * H * (0.5 + 1 / 32)
+full = [l for l in range(78) if l < 3 or (l - 2) % 4 == 0]
+want = (2 * 2 * V * H + 78 * attn + len(full) * indexer + 3 * 2 * 3 * DI * H + 75 * moe) / 1e9
+if abs(p1["weights_gb"] - want) > 1e-3: print(f"weights {p1['weights_gb']} GB, the shapes give {want:.4f}")
+extra = (p3["gpus"] * p3["launch_us"] - p1["launch_us"] + (p3["gpus"] - 1) * (p3["handover_us"] + p3["node_us"])) / 1e3
+for ctx in ("context_1024", "context_8192"):
+    d = p3[ctx]["ms"] - p1[ctx]["ms"]
+    if abs(d - extra) > 2e-4: print(f"{ctx}: 3 devices add {d:.4f} ms, the formula {extra:.4f}")
+PYEOF
+)
+if [ -z "$why" ] && [ -s "$OUT/plan3.json" ]; then ok "glm plan --glm52: 422.5 GB of weights as the shapes give; 3 devices add 3 graph launches and 2 hand-overs"
+else bad "glm plan --glm52" "${why:-no JSON}"; fi
 
 section "errors"
 # --- errors -----------------------------------------------------------------------------------------

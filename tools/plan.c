@@ -27,18 +27,22 @@ typedef struct {
     double mem_gb;           /* per device */
     double launch_us;        /* a kernel launch back to back on one stream */
     double node_us;          /* a kernel of a graph after the one before it (assumed, see below) */
+    double handover_us;      /* the residual stream from one device to the next (assumed, see below) */
     double bf16_tflops;      /* dense BF16 matrix-core peak (no sparsity) */
 } Target;
 
 /* Vendor figures for bandwidth and memory; launch costs as commonly measured for
  * back-to-back launches on one stream (HIP costs more than CUDA). A graph's kernels skip
  * the host's launch path: NVIDIA's graph examples show ~0.5-1 us between short kernels;
- * for hipGraph on Instinct no figure was at hand, so 2 us is assumed. Override with flags. */
+ * for hipGraph on Instinct no figure was at hand, so 2 us is assumed. A hand-over between
+ * devices (glm_hip.hip hand_over) synchronizes both devices and makes three small peer
+ * copies, each a round trip of ~10 us over xGMI or NVLink: 50 and 30 us are assumed.
+ * Override with flags. */
 static const Target TARGETS[] = {
-    {"mi355x", "AMD Instinct MI355X", 8000, 288, 5.0, 2.0, 2500},
-    {"mi300x", "AMD Instinct MI300X", 5300, 192, 5.0, 2.0, 1307},
-    {"h100", "NVIDIA H100 SXM", 3350, 80, 3.0, 1.0, 989},
-    {"h200", "NVIDIA H200", 4800, 141, 3.0, 1.0, 989},
+    {"mi355x", "AMD Instinct MI355X", 8000, 288, 5.0, 2.0, 50, 2500},
+    {"mi300x", "AMD Instinct MI300X", 5300, 192, 5.0, 2.0, 50, 1307},
+    {"h100", "NVIDIA H100 SXM", 3350, 80, 3.0, 1.0, 30, 989},
+    {"h200", "NVIDIA H200", 4800, 141, 3.0, 1.0, 30, 989},
 };
 
 /* The kernel classes of one decode step, as glm_hip.hip runs them. */
@@ -149,8 +153,7 @@ static StepCost draft_cost(const Model *m) {
 typedef struct {
     const Target *t;
     int gpus;
-    double eff, launch_us, mma_eff, node_us;
-    int graphs;              /* glm_hip.hip replays decode and verify steps as graphs (one device) */
+    double eff, launch_us, mma_eff, node_us, handover_us;
 } Machine;
 
 static double total(const double *v, int n) { double s = 0; for (int i = 0; i < n; i++) s += v[i]; return s; }
@@ -272,9 +275,13 @@ static void print_prefill(const Model *m, const Machine *M, int json) {
 
 
 /* Seconds of one step on the machine: its bytes at eff x bandwidth, plus its launches:
- * one by one, or (graph) one graph launch and a node's gap per kernel. */
+ * (graph) a graph launch per device and a node's gap per kernel, or one launch per
+ * kernel; and with --gpus N the N - 1 hand-overs, each after one more kernel (the
+ * residual add that the next layer's norm would otherwise take over). */
 static double step_seconds(const StepCost *s, const Machine *M, int launches, int graph) {
-    const double over = graph ? M->launch_us + launches * M->node_us : launches * M->launch_us;
+    const int handovers = M->gpus - 1;
+    double over = graph ? M->gpus * M->launch_us + (launches + handovers) * M->node_us : (launches + handovers) * M->launch_us;
+    over += handovers * M->handover_us;
     return total(s->bytes, K_N) / (M->t->hbm_gbs * 1e9 * M->eff) + over * 1e-6;
 }
 
@@ -333,6 +340,15 @@ static void glm52_model(Model *m, const char *format) {
         }
     }
     for (int l = 0; l < c->n_layers; l++) m->n_index_layers += c->full_index[l];
+    /* the matrices' bytes (the main model's; the norms' vectors are a rounding error) */
+    m->weight_bytes = m->embed.bytes + m->lm_head.bytes;
+    for (int l = 0; l < c->n_layers; l++) {
+        const Layer *L = &m->layers[l];
+        const Mat *each[] = {&L->q_a, &L->q_b, &L->kv_a, &L->kv_b, &L->o, &L->ix_wq_b, &L->ix_wk, &L->ix_weights, &L->gate, &L->up,
+                             &L->down, &L->router, &L->sh_gate, &L->sh_up, &L->sh_down};
+        for (size_t i = 0; i < sizeof each / sizeof *each; i++) m->weight_bytes += each[i]->bytes;
+        for (int e = 0; !L->dense && e < c->n_experts; e++) m->weight_bytes += L->ex_gate[e].bytes + L->ex_up[e].bytes + L->ex_down[e].bytes;
+    }
     static Mtp mtp;
     mtp.layer = m->layers[c->n_layers];
     mtp.eh_proj = shape(lin, H, 2 * H);
@@ -350,37 +366,36 @@ static void print_step(const char *what, const StepCost *s, const Machine *M, in
                        int first) {
     const int L = total_i(s->launches, K_N);
     const int capped = launches_per_layer_cap ? launches_per_layer_cap * c->n_layers + 4 : L;
-    const double t = step_seconds(s, M, L, M->graphs), t1 = step_seconds(s, M, L, 0), tc = step_seconds(s, M, capped, M->graphs);
+    const double t = step_seconds(s, M, L, 1), t1 = step_seconds(s, M, L, 0), tc = step_seconds(s, M, capped, 1);
     const double tb = total(s->bytes, K_N) / (M->t->hbm_gbs * 1e9);
     if (json) {
         printf("%s\"%s\": {\"gb\": %.4f, \"launches\": %d, \"graph\": %s, \"ms\": %.4f, \"tok_s\": %.2f, \"tok_s_one_launch_per_kernel\": %.2f, "
                "\"tok_s_6_launches_per_layer\": %.2f, \"tok_s_bandwidth_bound\": %.2f}",
-               first ? "" : ", ", what, total(s->bytes, K_N) / 1e9, L, M->graphs ? "true" : "false", t * 1e3, 1 / t, 1 / t1, 1 / tc, 1 / tb);
+               first ? "" : ", ", what, total(s->bytes, K_N) / 1e9, L, "true", t * 1e3, 1 / t, 1 / t1, 1 / tc, 1 / tb);
         return;
     }
     printf("  %s: %.2f GB and %d launches per token (%.1f per layer)\n", what, total(s->bytes, K_N) / 1e9, L, (double)L / c->n_layers);
     for (int k = 0; k < K_N; k++)
         printf("    %-30s %8.3f GB  %5d launches  %7.3f ms\n", K_NAMES[k], s->bytes[k] / 1e9, s->launches[k],
-               (s->bytes[k] / (M->t->hbm_gbs * 1e9 * M->eff) + s->launches[k] * (M->graphs ? M->node_us : M->launch_us) * 1e-6) * 1e3);
-    if (M->graphs)
-        printf("    => as one graph: %.2f ms: %.1f tok/s (one launch per kernel: %.1f tok/s); with <= 6 kernels per layer %.1f tok/s;\n"
-               "       the bandwidth alone %.1f tok/s\n", t * 1e3, 1 / t, 1 / t1, 1 / tc, 1 / tb);
-    else
-        printf("    => %.2f ms: %.1f tok/s (one launch per kernel: no graphs across devices); with <= 6 launches per layer %.1f tok/s;\n"
-               "       the bandwidth alone %.1f tok/s\n", t * 1e3, 1 / t, 1 / tc, 1 / tb);
+               (s->bytes[k] / (M->t->hbm_gbs * 1e9 * M->eff) + s->launches[k] * M->node_us * 1e-6) * 1e3);
+    if (M->gpus > 1)
+        printf("    %-30s %8s     %5d hand-overs  %7.3f ms\n", "devices (a graph each)", "", M->gpus - 1,
+               (M->gpus * M->launch_us + (M->gpus - 1) * (M->handover_us + M->node_us)) * 1e-3);
+    printf("    => as %s: %.2f ms: %.1f tok/s (one launch per kernel: %.1f tok/s); with <= 6 kernels per layer %.1f tok/s;\n"
+           "       the bandwidth alone %.1f tok/s\n", M->gpus > 1 ? "a graph per device" : "one graph", t * 1e3, 1 / t, 1 / t1, 1 / tc, 1 / tb);
 }
 
 static const double ACCEPT[] = {0.6, 0.7, 0.8, 0.9};
 
 static void print_spec(const Model *m, const Machine *M, int pos, int json) {
-    /* the decode and verify steps as graphs (one device), the MTP layer's draft steps one launch per kernel */
+    /* the decode and verify steps as graphs, the MTP layer's draft steps one launch per kernel */
     const StepCost d0 = step_cost(m, pos, 1), dr = draft_cost(m);
-    const double t1 = step_seconds(&d0, M, total_i(d0.launches, K_N), M->graphs);
+    const double t1 = step_seconds(&d0, M, total_i(d0.launches, K_N), 1);
     const double c = step_seconds(&dr, M, total_i(dr.launches, K_N), 0) / t1;
     double r[5];
     for (int N = 1; N <= 4; N++) {
         StepCost v = step_cost(m, pos, N + 1);
-        r[N] = step_seconds(&v, M, total_i(v.launches, K_N), M->graphs) / t1;
+        r[N] = step_seconds(&v, M, total_i(v.launches, K_N), 1) / t1;
     }
     if (json) printf(", \"spec\": {\"verify_cost\": [%.4f, %.4f, %.4f, %.4f], \"draft_cost\": %.4f, \"speedup\": {", r[1], r[2], r[3], r[4], c);
     else printf("  --draft N (MTP): verify pass r(N) = %.2f %.2f %.2f %.2f decode steps (N = 1..4), a draft step c = %.2f\n", r[1], r[2], r[3], r[4], c);
@@ -400,10 +415,10 @@ static void print_spec(const Model *m, const Machine *M, int pos, int json) {
 int plan_main(int argc, char **argv) {
     const char *dir = NULL, *format = "mxfp4", *target = "mi355x";
     int gpus = 1, json = 0, glm52 = 0;
-    double eff = 0.75, launch_us = -1, mma_eff = 0.45, node_us = -1;
+    double eff = 0.75, launch_us = -1, mma_eff = 0.45, node_us = -1, handover_us = -1;
     static const char usage[] =
         "usage: glm plan (-m DIR | --glm52) [--format mxfp4|fp8|bf16] [--target NAME] [--gpus N] [--eff F] [--mma-eff F] [--launch-us U]\n"
-        "                [--node-us U] [--json]\n"
+        "                [--node-us U] [--handover-us U] [--json]\n"
         "  A projection, not a measurement: a decoded token's bytes and kernel launches on the GPU path\n"
         "  (glm_hip.hip), class by class, and the decode tok/s they imply at context 1024 and 8192 on a\n"
         "  named GPU; with the MTP layer, the projected speedup of --draft N; and prefill: a chunk's\n"
@@ -412,12 +427,14 @@ int plan_main(int argc, char **argv) {
         "  --glm52           GLM-5.2's shapes instead, in a release's formats (--format; default mxfp4 =\n"
         "                    amd/GLM-5.2-MXFP4: routed experts MXFP4, the rest BF16)\n"
         "  --target NAME     mi355x (default), mi300x, h100, h200\n"
-        "  --gpus N          devices the layers are split over (a pipeline: memory, not single-stream speed)\n"
+        "  --gpus N          devices the layers are split over (a pipeline: memory, not single-stream speed;\n"
+        "                    a graph per device, the residual stream handed from one to the next)\n"
         "  --eff F           the fraction of HBM bandwidth the kernels reach (default 0.75: issue 32's target)\n"
         "  --mma-eff F       the fraction of the dense BF16 matrix-core peak prefill reaches (default 0.45)\n"
         "  --launch-us U     one kernel launch in microseconds (default: the target's)\n"
-        "  --node-us U       one kernel of a graph (a decode step on one device) in microseconds (default: the\n"
-        "                    target's, assumed)\n"
+        "  --node-us U       one kernel of a graph (a decode step's share of a device) in microseconds\n"
+        "                    (default: the target's, assumed)\n"
+        "  --handover-us U   one hand-over between devices in microseconds (default: the target's, assumed)\n"
         "  --json            one JSON object\n"
         "  -h, --help        this text";
     for (int i = 1; i < argc; i++) {
@@ -425,7 +442,8 @@ int plan_main(int argc, char **argv) {
         if (!strcmp(f, "-h") || !strcmp(f, "--help")) { puts(usage); return 0; }
         if (!strcmp(f, "--json")) { json = 1; continue; }
         if (!strcmp(f, "--glm52")) { glm52 = 1; continue; }
-        if (strcmp(f, "-m") && strcmp(f, "--format") && strcmp(f, "--target") && strcmp(f, "--gpus") && strcmp(f, "--eff") && strcmp(f, "--mma-eff") && strcmp(f, "--launch-us") && strcmp(f, "--node-us"))
+        if (strcmp(f, "-m") && strcmp(f, "--format") && strcmp(f, "--target") && strcmp(f, "--gpus") && strcmp(f, "--eff") && strcmp(f, "--mma-eff") && strcmp(f, "--launch-us") && strcmp(f, "--node-us") &&
+            strcmp(f, "--handover-us"))
             glm_fatal("plan: unknown flag '%s' (see glm plan --help)", f);
         if (i + 1 >= argc) glm_fatal("%s: missing value", f);
         const char *v = argv[++i];
@@ -438,6 +456,7 @@ int plan_main(int argc, char **argv) {
         else if (!strcmp(f, "--gpus")) { long x = strtol(v, &end, 10); if (!*v || *end || x < 1 || x > 64) glm_fatal("--gpus %s: expected 1..64", v); gpus = (int)x; }
         else if (!strcmp(f, "--eff")) { eff = strtod(v, &end); if (!*v || *end || !(eff > 0 && eff <= 1)) glm_fatal("--eff %s: expected a fraction in (0, 1]", v); }
         else if (!strcmp(f, "--mma-eff")) { mma_eff = strtod(v, &end); if (!*v || *end || !(mma_eff > 0 && mma_eff <= 1)) glm_fatal("--mma-eff %s: expected a fraction in (0, 1]", v); }
+        else if (!strcmp(f, "--handover-us")) { handover_us = strtod(v, &end); if (!*v || *end || !(handover_us >= 0 && handover_us < 1e6)) glm_fatal("--handover-us %s: expected microseconds >= 0", v); }
         else if (!strcmp(f, "--node-us")) { node_us = strtod(v, &end); if (!*v || *end || !(node_us >= 0 && node_us < 1e6)) glm_fatal("--node-us %s: expected microseconds >= 0", v); }
         else { launch_us = strtod(v, &end); if (!*v || *end || !(launch_us >= 0 && launch_us < 1e6)) glm_fatal("--launch-us %s: expected microseconds >= 0", v); }
     }
@@ -445,26 +464,34 @@ int plan_main(int argc, char **argv) {
     const Target *t = NULL;
     for (size_t i = 0; i < sizeof TARGETS / sizeof *TARGETS; i++) if (!strcmp(target, TARGETS[i].name)) t = &TARGETS[i];
     if (!t) glm_fatal("--target %s: expected mi355x, mi300x, h100 or h200", target);
-    Machine M = {t, gpus, eff, launch_us >= 0 ? launch_us : t->launch_us, mma_eff, node_us >= 0 ? node_us : t->node_us, gpus == 1};
+    Machine M = {t, gpus, eff, launch_us >= 0 ? launch_us : t->launch_us, mma_eff, node_us >= 0 ? node_us : t->node_us,
+                 handover_us >= 0 ? handover_us : t->handover_us};
     Model m;
     if (glm52) glm52_model(&m, format);
     else model_load(&m, dir);
     const Config *c = &m.cfg;
-    const double weights_gb = glm52 ? 0 : m.weight_bytes / 1e9;
+    const double weights_gb = m.weight_bytes / 1e9;
     const int ctxs[] = {1024, 8192};
     if (json) printf("{\"model\": \"%s\", \"target\": \"%s\", \"gpus\": %d, \"hbm_gbs\": %.0f, \"eff\": %.3f, \"launch_us\": %.2f, "
-                     "\"node_us\": %.2f, \"launches_decode_step_pos0\": %d, ",
-                     glm52 ? "GLM-5.2" : dir, t->name, gpus, t->hbm_gbs, eff, M.launch_us, M.node_us, total_i(step_cost(&m, 0, 1).launches, K_N));
+                     "\"node_us\": %.2f, \"handover_us\": %.2f, \"weights_gb\": %.4f, \"launches_decode_step_pos0\": %d, ",
+                     glm52 ? "GLM-5.2" : dir, t->name, gpus, t->hbm_gbs, eff, M.launch_us, M.node_us, M.handover_us, weights_gb, total_i(step_cost(&m, 0, 1).launches, K_N));
     if (json) { /* one-token steps at positions 0..31 (the emulation's test sums them) */
         printf("\"launches_positions_0_31\": [");
         for (int p = 0; p < 32; p++) printf("%s%d", p ? ", " : "", total_i(step_cost(&m, p, 1).launches, K_N));
         printf("], ");
     }
     else {
-        printf("glm plan: %s%s%s on %s x %d: %.0f GB/s HBM per device, kernels at %.0f%% of it, %.1f us per launch, %.1f us per graph kernel\n",
+        printf("glm plan: %s%s%s on %s x %d: %.0f GB/s HBM per device, kernels at %.0f%% of it, %.1f us per launch, %.1f us per graph kernel",
                glm52 ? "GLM-5.2 (" : dir, glm52 ? format : "", glm52 ? " release layout)" : "", t->card, gpus, t->hbm_gbs, 100 * eff, M.launch_us, M.node_us);
+        if (gpus > 1) printf(", %.0f us per hand-over", M.handover_us);
+        printf("\n");
         printf("  (a model, not a measurement; one sequence; with --gpus N the layers run one device after another)\n");
-        if (weights_gb > 0) printf("  weights %.1f GB: %.0f%% of %d x %.0f GB\n", weights_gb, 100 * weights_gb / (gpus * t->mem_gb), gpus, t->mem_gb);
+        if (weights_gb > 0) {
+            printf("  weights %.1f GB: %.0f%% of %d x %.0f GB", weights_gb, 100 * weights_gb / (gpus * t->mem_gb), gpus, t->mem_gb);
+            const int need = (int)ceil(weights_gb / (0.9 * t->mem_gb)); /* a tenth of each device for the cache and scratch */
+            if (need > gpus) printf(": does not fit, --gpus %d would", need);
+            printf("\n");
+        }
     }
     for (int i = 0; i < 2; i++) {
         char what[64];

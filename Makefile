@@ -143,6 +143,10 @@ cuda-dir:
 # glm_emu64 / glm_emu32 are the two wave widths; make emu copies the WARP one to ./glm_emu
 glm_emu64 glm_emu32: glm_emu%: $(GPU_COBJ) build/emu%/glm_hip.o
 	$(CXX) -pthread $(OMP) -o $@ $^ -lm
+# the emulator's own checks (block order, GLM_EMU_RACECHECK), tests/gpu/emu_selftest.cpp
+build/emu_selftest: tests/gpu/emu_selftest.cpp tests/hip_emu.h build/emu.flags
+	@mkdir -p $(@D)
+	$(EMU_CMD) -DWARP=64 tests/gpu/emu_selftest.cpp -o $@
 build/gpu_ktest64 build/gpu_ktest32: build/gpu_ktest%: $(KTEST_COBJ) build/emu%/glm_hip.o
 	$(CXX) -pthread $(OMP) -o $@ $^ -lm
 # the kernel tests of the code only gfx950 (MI355X) or gfx942 (MI300X) runs: their conversion instructions, emulated

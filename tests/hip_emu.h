@@ -10,8 +10,15 @@
  *   hipMalloc, hipMemcpy...  the runtime API, on several virtual devices.
  *
  * Execution model, chosen to find the bugs a real GPU would hit:
- *   - a launch runs its blocks one after another on each of a few worker threads
- *     (GLM_EMU_THREADS, default: the number of cores); blocks never see each other;
+ *   - a launch runs its blocks on a few worker threads at once (GLM_EMU_THREADS, default:
+ *     the number of cores), in a shuffled order that changes from launch to launch
+ *     (GLM_EMU_SHUFFLE=0: in order), as a GPU promises no order between blocks;
+ *   - GLM_EMU_RACECHECK=1 runs every launch twice from the same device memory, its blocks
+ *     in the shuffled order and then in reverse, and stops the program if device memory
+ *     differs afterwards: some block read what another block of the same launch wrote
+ *     (or raced it to a write). Legitimate hand-offs between blocks (a split product's
+ *     last block adding the others' partial sums) give the same bytes either way. Slow:
+ *     it copies all device memory three times per launch;
  *   - the threads of a block are cooperative fibers on one worker. A fiber runs until
  *     it reaches __syncthreads() or a shuffle, then the next fiber runs. A block barrier
  *     opens when every live thread of the block waits at it; a wave barrier (inside a
@@ -302,6 +309,7 @@ struct EmuPool {
     size_t shmem = 0;
     std::atomic<long> next{0};
     long total = 0;
+    long stride = 1, offset = 0; /* block i of the run order is (i * stride + offset) mod total */
     int busy = 0;
     unsigned long gen = 0;
     int n_threads = 0;
@@ -316,7 +324,8 @@ static void emu_work(EmuWorker *w) {
     emu_block_dim = p.block;
     if (w->dyn_shared.size() < p.shmem) w->dyn_shared.resize(p.shmem);
     int n = (int)(p.block.x * p.block.y * p.block.z);
-    for (long b; (b = p.next.fetch_add(1)) < p.total;) {
+    for (long i; (i = p.next.fetch_add(1)) < p.total;) {
+        const long b = (long)(((unsigned __int128)i * (unsigned long)p.stride + (unsigned long)p.offset) % (unsigned long)p.total);
         emu_block_idx = dim3((unsigned)(b % p.grid.x), (unsigned)(b / p.grid.x % p.grid.y), (unsigned)(b / ((long)p.grid.x * p.grid.y)));
         emu_run_block(w, n);
     }
@@ -338,12 +347,33 @@ static void emu_worker_loop() {
     }
 }
 
-inline void emu_run(dim3 grid, dim3 block, size_t shmem, const std::function<void()> &body) {
+/* The order of a launch's blocks: a stride coprime with the block count (a prime that
+ * does not divide it) and an offset, both from the launch's number, so a run is
+ * reproducible; in order with GLM_EMU_SHUFFLE=0; reverse for the race check's second run. */
+inline unsigned long emu_launch_no;
+inline void emu_block_order(long total, int reverse, long *stride, long *offset) {
+    static int shuffle = -1;
+    if (shuffle < 0) { const char *e = getenv("GLM_EMU_SHUFFLE"); shuffle = !(e && !strcmp(e, "0")); }
+    static const long primes[] = {7919, 104729, 1299709, 15485863};
+    const unsigned long n = emu_launch_no++;
+    *stride = 1;
+    *offset = 0;
+    if (reverse) { *stride = total - 1; *offset = total - 1; return; } /* (i * (total - 1) + total - 1) mod total = total - 1 - i */
+    if (!shuffle || total < 2) return;
+    for (int k = 0; k < 4; k++) {
+        const long q = primes[(n + k) % 4];
+        if (total % q) { *stride = q % total; break; }
+    }
+    *offset = (long)((n * 2654435761ul) % (unsigned long)total);
+}
+
+inline void emu_run_order(dim3 grid, dim3 block, size_t shmem, const std::function<void()> &body, int reverse) {
     long threads = (long)block.x * block.y * block.z, total = (long)grid.x * grid.y * grid.z;
     if (threads < 1 || threads > 1024) emu_die("launch with more than 1024 threads per block");
     if (grid.y > 65535 || grid.z > 65535 || grid.x > 2147483647u) emu_die("grid dimension over the hardware limit");
     if (total == 0) emu_die("launch with an empty grid");
     EmuPool &p = emu_pool;
+    emu_block_order(total, reverse, &p.stride, &p.offset);
     static thread_local EmuWorker self;
     if (!p.n_threads) {
         const char *e = getenv("GLM_EMU_THREADS");
@@ -376,6 +406,14 @@ inline void emu_run(dim3 grid, dim3 block, size_t shmem, const std::function<voi
     emu_cur = saved;
 }
 
+inline void emu_racecheck(const char *name, dim3 grid, dim3 block, size_t shmem, const std::function<void()> &body);
+inline void emu_run(const char *name, dim3 grid, dim3 block, size_t shmem, const std::function<void()> &body) {
+    static int check = -1;
+    if (check < 0) { const char *e = getenv("GLM_EMU_RACECHECK"); check = e && !strcmp(e, "1"); }
+    if (check) emu_racecheck(name, grid, block, shmem, body);
+    else emu_run_order(grid, block, shmem, body, 0);
+}
+
 /* Dynamic shared memory (the `extern __shared__` array sized at launch). */
 #define DYN_SHARED(type, name) type *name = (type *)(void *)emu_worker->dyn_shared.data()
 
@@ -398,16 +436,17 @@ inline void emu_not_capturing(const char *what) {
  * captured launch keeps that copy). */
 inline void emu_check_stream(struct EmuStream *s, const char *what);
 template <class... P, class... A>
-inline void emu_launch(struct EmuStream *s, dim3 grid, dim3 block, size_t shmem, void (*k)(P...), A &&...a) {
+inline void emu_launch(const char *name, struct EmuStream *s, dim3 grid, dim3 block, size_t shmem, void (*k)(P...), A &&...a) {
     emu_check_stream(s, "a kernel launch");
     std::tuple<typename std::decay<P>::type...> args(std::forward<A>(a)...);
     if (emu_capturing) {
-        emu_captured.push_back([=] { emu_run(grid, block, shmem, [&] { std::apply(k, args); }); });
+        emu_captured.push_back([=] { emu_run(name, grid, block, shmem, [&] { std::apply(k, args); }); });
         return;
     }
-    emu_run(grid, block, shmem, [&] { std::apply(k, args); });
+    emu_run(name, grid, block, shmem, [&] { std::apply(k, args); });
 }
-#define LAUNCH(k, grid, block, shmem, stream, ...) emu_launch((stream), dim3(grid), dim3(block), (shmem), k, __VA_ARGS__)
+/* (name: the kernel as the launch spells it, for the race check's message) */
+#define LAUNCH(k, grid, block, shmem, stream, ...) emu_launch(#k, (stream), dim3(grid), dim3(block), (shmem), k, __VA_ARGS__)
 
 /* ---- device intrinsics ----------------------------------------------------------- */
 inline float __int_as_float(int i) { float f; memcpy(&f, &i, 4); return f; }
@@ -553,6 +592,38 @@ inline hipError_t hipFree(void *p) {
     emu_dev.allocs.erase(it);
     free(p);
     return hipSuccess;
+}
+/* GLM_EMU_RACECHECK=1 (see the top): the launch from the same device memory twice, its
+ * blocks shuffled then reversed; any byte of device memory that differs is a dependency
+ * between blocks of one launch. */
+inline void emu_racecheck(const char *name, dim3 grid, dim3 block, size_t shmem, const std::function<void()> &body) {
+    static std::vector<std::pair<char *, size_t>> mem;
+    static std::vector<char> before, first; /* all allocations back to back; kept between launches (no page faults) */
+    size_t total = 0;
+    mem.clear();
+    {
+        std::lock_guard<std::mutex> lk(emu_dev.mu);
+        for (auto &a : emu_dev.allocs) { mem.push_back({(char *)a.first, a.second.first}); total += a.second.first; }
+    }
+    if (before.size() < total) { before.resize(total); first.resize(total); }
+    for (size_t i = 0, at = 0; i < mem.size(); at += mem[i].second, i++) memcpy(&before[at], mem[i].first, mem[i].second);
+    emu_run_order(grid, block, shmem, body, 0);
+    for (size_t i = 0, at = 0; i < mem.size(); at += mem[i].second, i++) {
+        memcpy(&first[at], mem[i].first, mem[i].second);
+        memcpy(mem[i].first, &before[at], mem[i].second);
+    }
+    emu_run_order(grid, block, shmem, body, 1);
+    for (size_t i = 0, at = 0; i < mem.size(); at += mem[i].second, i++) {
+        if (!memcmp(&first[at], mem[i].first, mem[i].second)) continue;
+        size_t b = 0;
+        while (first[at + b] == mem[i].first[b]) b++;
+        char msg[400];
+        snprintf(msg, sizeof msg,
+                 "%s (grid %u x %u x %u): its blocks depend on each other's writes: byte %zu of a %zu-byte allocation "
+                 "differs when the blocks run in reverse order (GLM_EMU_RACECHECK)",
+                 name, grid.x, grid.y, grid.z, b, mem[i].second);
+        emu_die(msg);
+    }
 }
 inline hipError_t hipHostMalloc(void **p, size_t n, unsigned = 0) { *p = malloc(n ? n : 1); return *p ? hipSuccess : hipErrorOutOfMemory; }
 inline hipError_t hipHostFree(void *p) { free(p); return hipSuccess; }

@@ -27,6 +27,9 @@
 #     launch shapes change (the emulator records a capture and dies on a synchronous call in it, and on
 #     work sent to another device's stream); with --gpus 2 and 3 a graph per device, the same logits;
 #   - serve --gpu --draft 2: a completion's greedy tokens are glm run's;
+#   - the emulator runs a launch's blocks in a shuffled order, and GLM_EMU_RACECHECK=1 (each launch run
+#     again with its blocks reversed) catches a block that reads another's writes: its self-test, then
+#     the whole forward, graphs, sampling and --draft under the check;
 #   - run --gpu (sampling on the device) prints the CPU's tokens; the plan refuses a
 #     model that does not fit; the CPU build refuses --gpu in one line;
 #   - weights are allocated per layer: with GLM_EMU_MAX_ALLOC below a device's weights but
@@ -61,7 +64,7 @@ t_sec=$t_start; s_name="builds"
 section() { local now; now=$(date +%s); echo "    ($s_name: $((now - t_sec)) s)"; t_sec=$now; s_name=$1; }
 
 # --- builds -------------------------------------------------------------------------------
-if ! make -s -j"$(nproc)" glm glm_emu64 glm_emu32 build/gpu_ktest64 build/gpu_ktest32 build/gpu_ktest_gfx942 build/gpu_ktest_gfx950 >"$OUT/build.log" 2>&1; then
+if ! make -s -j"$(nproc)" glm glm_emu64 glm_emu32 build/emu_selftest build/gpu_ktest64 build/gpu_ktest32 build/gpu_ktest_gfx942 build/gpu_ktest_gfx950 >"$OUT/build.log" 2>&1; then
     bad "build glm_emu64 / glm_emu32 / kernel tests" "$(tail -n 20 "$OUT/build.log")"
     echo "$pass passed, $fail failed"; exit 1
 fi
@@ -314,6 +317,41 @@ done
 GLM_GPU_GRAPH=2 ./glm_emu64 logits --gpu -m "$OUT/bf16" --ids 1,2 -o "$OUT/graph2.bin" >/dev/null 2>"$OUT/graph2.err"; rc=$?
 if [ $rc = 1 ] && [ "$(grep -c 'error' "$OUT/graph2.err")" = 1 ] && grep -q "^glm: error: GLM_GPU_GRAPH=2: expected 1 or 0" "$OUT/graph2.err"; then ok "GLM_GPU_GRAPH=2: one error line, exit 1"
 else bad "GLM_GPU_GRAPH=2" "rc $rc: $(head -n 2 "$OUT/graph2.err" | tr '\n' ' ')"; fi
+
+section "the emulator's block order and race check"
+# --- blocks in a shuffled order, and GLM_EMU_RACECHECK (tests/hip_emu.h) ---------------------------
+# a GPU runs a launch's blocks in no promised order: the emulation shuffles them (a permutation that
+# changes per launch), and GLM_EMU_RACECHECK=1 runs each launch again with its blocks reversed and stops
+# on any difference in device memory. The self-test's racy kernel must be caught by name, a legitimate
+# hand-off (the split products' last-block sum) must pass; then the whole forward under the check:
+# prefill in chunks, decode steps as graphs on 1 and 2 devices, sampling and --draft on the device
+order=$(GLM_EMU_THREADS=1 ./build/emu_selftest order | head -n 1)
+inorder=$(GLM_EMU_THREADS=1 GLM_EMU_SHUFFLE=0 ./build/emu_selftest order | head -n 1)
+if [ "$(echo $order | tr ' ' '\n' | sort -n | tr '\n' ' ')" = "$(seq -s ' ' 0 63) " ] && [ "$order" != "$(seq -s ' ' 0 63)" ] &&
+   [ "$inorder" = "$(seq -s ' ' 0 63)" ]; then ok "emulator: a launch's 64 blocks run shuffled (a permutation; in order with GLM_EMU_SHUFFLE=0)"
+else bad "emulator block order" "shuffled '$order', GLM_EMU_SHUFFLE=0 '$inorder'"; fi
+GLM_EMU_RACECHECK=1 ./build/emu_selftest chain >/dev/null 2>"$OUT/race.err"; rc=$?
+if [ $rc = 1 ] && [ "$(wc -l <"$OUT/race.err")" = 1 ] && grep -q "^glm: error: GPU emulation: k_chain (grid 64 x 1 x 1): its blocks depend on each other's writes" "$OUT/race.err"; then
+    ok "GLM_EMU_RACECHECK: a block reading what another block of its launch writes stops the run, naming the kernel"
+else bad "GLM_EMU_RACECHECK chain" "rc $rc: $(cat "$OUT/race.err")"; fi
+if GLM_EMU_RACECHECK=1 ./build/emu_selftest independent >/dev/null 2>&1 && GLM_EMU_RACECHECK=1 ./build/emu_selftest handoff >/dev/null 2>&1 &&
+   ./build/emu_selftest chain >/dev/null 2>&1; then ok "GLM_EMU_RACECHECK: independent blocks and the last-block hand-off pass (and nothing is checked without it)"
+else bad "GLM_EMU_RACECHECK" "independent or handoff stopped, or chain stopped without the check"; fi
+# (the decode steps, slower under the check, on two of the three)
+for run in "bf16 glm_emu32 1 decode" "mxfp4 glm_emu64 2 decode" "fp8 glm_emu64 1 -"; do
+    set -- $run
+    GLM_GPU_CHUNK=8 ./$2 logits --gpus $3 --ctx 12 -m "$OUT/$1" --ids "$(seq -s, 3 12)" -o "$OUT/race0.bin" >/dev/null 2>&1
+    GLM_GPU_CHUNK=8 GLM_EMU_RACECHECK=1 ./$2 logits --gpus $3 --ctx 12 -m "$OUT/$1" --ids "$(seq -s, 3 12)" -o "$OUT/race1.bin" >/dev/null 2>"$OUT/race1.err"; rc=$?
+    rc2=0; : >"$OUT/race2.err"
+    [ $4 = decode ] && { GLM_EMU_RACECHECK=1 ./$2 logits --gpus $3 --decode --ctx 12 -m "$OUT/$1" --ids "$(seq -s, 3 12)" -o "$OUT/race2.bin" >/dev/null 2>"$OUT/race2.err"; rc2=$?; }
+    if [ $rc = 0 ] && [ $rc2 = 0 ] && [ -s "$OUT/race0.bin" ] && cmp -s "$OUT/race0.bin" "$OUT/race1.bin"; then
+        ok "GLM_EMU_RACECHECK $1 ($2, --gpus $3): prefill in chunks of 8$([ $4 = decode ] && echo ' and 10 decode steps as graphs'), no block depends on another"
+    else bad "GLM_EMU_RACECHECK $1 ($2, --gpus $3)" "rc $rc/$rc2: $(tail -n 1 "$OUT/race1.err") $(tail -n 1 "$OUT/race2.err")"; fi
+done
+a=$(./glm_emu64 run --gpu -m "$OUT/mxfp4" --ids "$(seq -s, 1 8)" --ctx 14 -n 5 --temp 0.8 --seed 3 --draft 2 2>/dev/null)
+b=$(GLM_EMU_RACECHECK=1 ./glm_emu64 run --gpu -m "$OUT/mxfp4" --ids "$(seq -s, 1 8)" --ctx 14 -n 5 --temp 0.8 --seed 3 --draft 2 2>"$OUT/race3.err"); rc=$?
+if [ $rc = 0 ] && [ -n "$a" ] && [ "$a" = "$b" ]; then ok "GLM_EMU_RACECHECK: run --gpu --draft 2 at temperature 0.8 (the sampling kernels, the MTP layer): no block depends on another"
+else bad "GLM_EMU_RACECHECK run --gpu --draft 2" "rc $rc, '$a' vs '$b': $(tail -n 1 "$OUT/race3.err")"; fi
 
 section "glm plan counts the launches glm_hip.hip makes"
 # --- glm plan counts the launches glm_hip.hip makes ----------------------------------------------------

@@ -265,6 +265,22 @@ static void matvec_tokens(float *y, int ldy, const float *x, int ldx, const Mat 
         kernels.matvec_bf16_n(W, r0 + lo, nr - lo < rows ? nr - lo : rows, xb, XS_COLS, n, y + lo, (size_t)ldy);
 }
 
+/* matvec_tokens for products in fp32 where the CPU has kernels.matvec_n (AVX2): each
+ * token's x split once for W's format, every row decoded once for all tokens, and each
+ * token's results bit for bit its one-token matvec's. */
+static void matvec_tokens_f32(float *y, int ldy, const float *x, int ldx, const Mat *W, int r0, int nr, int n, int parallel) {
+    float *xs = g_tokens_xs + (size_t)thread_id() * MATVEC_MAX_TOKENS * XS_COLS;
+    for (int t = 0; t < n; t++) matvec_split_x(W, x + (size_t)t * ldx, xs + (size_t)t * XS_COLS);
+    const int threads = parallel ? g_threads : 1;
+    double run = (double)W->bytes * nr / W->rows / (8.0 * threads);
+    run = run < RUN_TAIL ? RUN_TAIL : run > RUN_MIN ? RUN_MIN : run;
+    int rows = (int)(run / ((double)W->bytes / W->rows));
+    rows = rows < 1 ? 1 : rows;
+#pragma omp parallel for schedule(dynamic, 1) if (parallel)
+    for (int lo = 0; lo < nr; lo += rows)
+        kernels.matvec_n(W, r0 + lo, nr - lo < rows ? nr - lo : rows, x, (size_t)ldx, xs, XS_COLS, n, y + lo, (size_t)ldy);
+}
+
 /* y[t*ldy + i] = Σ_k x[t*ldx + k] · W[r0+i][k] for rows i in [0, nr), tokens t in [0, n). */
 static void matmul_rows(float *y, int ldy, const float *x, int ldx, const Mat *W, int r0, int nr, int n) {
     /* threads only pay off when there is real work: a tiny product runs on one */
@@ -278,10 +294,15 @@ static void matmul_rows(float *y, int ldy, const float *x, int ldx, const Mat *W
         matvec_tokens(y, ldy, x, ldx, W, r0, nr, n, parallel);
         return;
     }
-    if (n > 1 && n <= MATVEC_MAX_TOKENS && !g_act_bf16) {
-        /* fp32 products of a few tokens: one one-token product each, so that a token's
-         * sums are its decode's whatever runs beside it (glm serve's batch invariance);
-         * the rows are read once per token, which a fp32 multi-token kernel would save */
+    if (n > 1 && n <= MATVEC_MAX_TOKENS && !matvec_in_bf16(W)) {
+        /* products in fp32 of a few tokens (--fp32, a CPU without bf16 products, an F32
+         * matrix): each token's sums are its decode's whatever runs beside it (glm serve's
+         * batch invariance, --draft's verify pass): the multi-token kernel where the CPU
+         * has one, else one one-token product each (the rows read once per token) */
+        if (kernels.matvec_n) {
+            matvec_tokens_f32(y, ldy, x, ldx, W, r0, nr, n, parallel);
+            return;
+        }
         Matvec job[MATVEC_MAX_TOKENS];
         for (int t = 0; t < n; t++) job[t] = (Matvec){W, r0, nr, x + (size_t)t * ldx, y + (size_t)t * ldy};
         matvec_jobs(job, n, g_tokens_xs + (size_t)thread_id() * MATVEC_MAX_TOKENS * XS_COLS, XS_COLS, parallel);

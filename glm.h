@@ -568,6 +568,10 @@ typedef struct {
      * layout rounded to bf16 (round_bf16) and zero to cols rounded up to 128. Token t's sums
      * are bit for bit matvec_bf16's for x_t alone, whatever n is (glm serve's batches). */
     void (*matvec_bf16_n)(const Mat *W, int r0, int nr, const uint16_t *xb, size_t ldx, int n, float *y, size_t ldy);
+    /* matvec for n tokens: y[t*ldy + i] = W[r0+i]·x_t, x_t = x + t*ldx split as xs + t*ldxs.
+     * Each row is decoded once for all n, and token t's sums are bit for bit matvec's for
+     * x_t alone, whatever n is (where the CPU has no matvec_bf16_n: AVX2). */
+    void (*matvec_n)(const Mat *W, int r0, int nr, const float *x, size_t ldx, const float *xs, size_t ldxs, int n, float *y, size_t ldy);
     void (*dequant_row)(const Mat *W, int r, float *out);
     /* Y[t*ldy + j] += Σ_k P[k*ldp + j]·X[t*ldx + k], j < nj <= 32, t < n, k < K: the prefill
      * product against a panel of 32 dequantized rows stored k-major (ldp = 32), also used

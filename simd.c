@@ -1200,6 +1200,107 @@ AVX2 static void matvec_avx2(const Mat *W, int r0, int nr, const float *x, const
     for (int i = 0; i < nr; i++) y[i] = row_dot_avx2(W, r0 + i, x, xs);
 }
 
+/* row_dot_avx2 of one row against G tokens (G <= 4; x_g = x + g*ldx, its split xs + g*ldxs):
+ * the row's weights are decoded once for all of them, and each token's sum takes exactly
+ * row_dot_avx2's operations in row_dot_avx2's order, so its result does not depend on the
+ * tokens beside it (glm serve's batches, --draft's verify pass). always_inline with G a
+ * constant at each call: the per-token arrays become registers. */
+#define ROW_G AVX2 static inline __attribute__((always_inline)) void
+ROW_G row_dot_g_avx2(const Mat *W, int r, const float *x, size_t ldx, const float *xs, size_t ldxs, float *y, size_t ldy, const int G) {
+    const int n = W->cols;
+    __m256 a0[4], a1[4];
+    float tail[4];
+    int k = 0;
+    switch (W->fmt) {
+    case WF_F32: /* the router: one dot per token */
+        for (int g = 0; g < G; g++) y[g * ldy] = dot_f32_avx2((const float *)W->w + (size_t)r * n, x + g * ldx, n);
+        return;
+    case WF_BF16: {
+        const uint16_t *w = (const uint16_t *)W->w + (size_t)r * n;
+        #pragma GCC unroll 4
+        for (int g = 0; g < G; g++) { a0[g] = a1[g] = _mm256_setzero_ps(); tail[g] = 0.0f; }
+        for (; k + 16 <= n; k += 16) {
+            const __m256 w0 = bf16x8(w + k), w1 = bf16x8(w + k + 8);
+            #pragma GCC unroll 4
+            for (int g = 0; g < G; g++) {
+                a0[g] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + g * ldx + k), a0[g]);
+                a1[g] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + g * ldx + k + 8), a1[g]);
+            }
+        }
+        for (; k < n; k++)
+            for (int g = 0; g < G; g++) tail[g] += bf16_to_f32(w[k]) * x[g * ldx + k];
+        #pragma GCC unroll 4
+        for (int g = 0; g < G; g++) y[g * ldy] = hsum8(_mm256_add_ps(a0[g], a1[g])) + tail[g];
+        return;
+    }
+    case WF_FP8: {
+        const uint8_t *w = W->w + (size_t)r * n;
+        const float *scale = W->fp8_scale + (size_t)(r / 128) * ((n + 127) / 128);
+        float sum[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        for (int b = 0; b * 128 < n; b++) {
+            const int end = b * 128 + 128 < n ? b * 128 + 128 : n;
+            #pragma GCC unroll 4
+            for (int g = 0; g < G; g++) { a0[g] = a1[g] = _mm256_setzero_ps(); tail[g] = 0.0f; }
+            for (k = b * 128; k + 16 <= end; k += 16) {
+                const __m256 w0 = fp8x8(w + k), w1 = fp8x8(w + k + 8);
+                #pragma GCC unroll 4
+                for (int g = 0; g < G; g++) {
+                    a0[g] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + g * ldx + k), a0[g]);
+                    a1[g] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + g * ldx + k + 8), a1[g]);
+                }
+            }
+            for (; k < end; k++)
+                for (int g = 0; g < G; g++) tail[g] += fp8_table[w[k]] * x[g * ldx + k];
+            #pragma GCC unroll 4
+            for (int g = 0; g < G; g++) sum[g] += (hsum8(_mm256_add_ps(a0[g], a1[g])) + tail[g]) * scale[b];
+        }
+        for (int g = 0; g < G; g++) y[g * ldy] = sum[g];
+        return;
+    }
+    case WF_MXFP4: {
+        const uint8_t *w = W->w + (size_t)r * (n / 2), *sc = W->mx_scale + (size_t)r * (n / 32);
+        const __m256 lut8 = _mm256_loadu_ps(e2m1_value);
+        #pragma GCC unroll 4
+        for (int g = 0; g < G; g++) a0[g] = _mm256_setzero_ps(); /* row_dot_avx2's t */
+        for (int b = 0; b < n / 32; b++) {
+            const __m256i d0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(w + 16 * b)));
+            const __m256i d1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(w + 16 * b + 8)));
+            const __m256 e0 = e2m1x8(d0, lut8), e1 = e2m1x8(d1, lut8);
+            const __m256 e2 = e2m1x8(_mm256_srli_epi32(d0, 4), lut8), e3 = e2m1x8(_mm256_srli_epi32(d1, 4), lut8);
+            const __m256 s = _mm256_set1_ps(e8m0_table[sc[b]]);
+            #pragma GCC unroll 4
+            for (int g = 0; g < G; g++) {
+                const float *xb = xs + g * ldxs + 32 * b;
+                __m256 v = _mm256_mul_ps(e0, _mm256_loadu_ps(xb));
+                v = _mm256_fmadd_ps(e1, _mm256_loadu_ps(xb + 8), v);
+                v = _mm256_fmadd_ps(e2, _mm256_loadu_ps(xb + 16), v);
+                v = _mm256_fmadd_ps(e3, _mm256_loadu_ps(xb + 24), v);
+                a0[g] = _mm256_fmadd_ps(v, s, a0[g]);
+            }
+        }
+        #pragma GCC unroll 4
+        for (int g = 0; g < G; g++) y[g * ldy] = hsum8(a0[g]);
+        return;
+    }
+    }
+}
+
+/* matvec_avx2 for n tokens, in groups of 4 over each row (row_dot_g_avx2): token t's
+ * results are bit for bit matvec_avx2's for x_t alone. */
+AVX2 static void matvec_n_avx2(const Mat *W, int r0, int nr, const float *x, size_t ldx, const float *xs, size_t ldxs, int n, float *y, size_t ldy) {
+    for (int i = 0; i < nr; i++)
+        for (int t = 0; t < n; t += 4) {
+            const float *xt = x + (size_t)t * ldx, *st = xs + (size_t)t * ldxs;
+            float *yt = y + (size_t)t * ldy + i;
+            switch (n - t < 4 ? n - t : 4) {
+            case 4: row_dot_g_avx2(W, r0 + i, xt, ldx, st, ldxs, yt, ldy, 4); break;
+            case 3: row_dot_g_avx2(W, r0 + i, xt, ldx, st, ldxs, yt, ldy, 3); break;
+            case 2: row_dot_g_avx2(W, r0 + i, xt, ldx, st, ldxs, yt, ldy, 2); break;
+            default: row_dot_g_avx2(W, r0 + i, xt, ldx, st, ldxs, yt, ldy, 1); break;
+            }
+        }
+}
+
 static int cpu_has_avx512(void) {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
@@ -1251,7 +1352,7 @@ void kernels_init(const char *want) {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
-        Kernels k = {.name = "AVX2", .matvec = matvec_avx2, .dot = dot_f32_avx2, .axpy = axpy_f32_avx2,
+        Kernels k = {.name = "AVX2", .matvec = matvec_avx2, .matvec_n = matvec_n_avx2, .dot = dot_f32_avx2, .axpy = axpy_f32_avx2,
                      .read_bandwidth = read_bandwidth_plain, .fma_peak = fma_peak_plain};
         kernels = k;
     }

@@ -98,6 +98,30 @@ static int test_set(const char *want) {
                 check(what, worst < 1e-5, worst);
                 snprintf(what, sizeof what, "dequant_row %s %dx%d", names[f], rows, cols);
                 check(what, worst_deq == 0, worst_deq);
+                if (simd.matvec_n) {
+                    /* n tokens at once: each token's results bit for bit its one-token
+                     * matvec's, for n around the kernel's groups of 4 up to 16 */
+                    const int ns[] = {2, 3, 5, 8, 16};
+                    for (int q = 0; q < 5; q++) {
+                        const int n = ns[q];
+                        const size_t ld = (size_t)cols + 8; /* rows of x and xs apart, not the width */
+                        float *xt = malloc((size_t)n * ld * 4), *st = malloc((size_t)n * ld * 4);
+                        float *yn = malloc((size_t)n * nr * 4), *y1 = malloc((size_t)nr * 4);
+                        for (int t = 0; t < n; t++) {
+                            for (int i = 0; i < cols; i++) xt[(size_t)t * ld + i] = rndf();
+                            matvec_split_x(&W, xt + (size_t)t * ld, st + (size_t)t * ld);
+                        }
+                        simd.matvec_n(&W, r0, nr, xt, ld, st, ld, n, yn, (size_t)nr);
+                        int same = 1;
+                        for (int t = 0; t < n; t++) {
+                            simd.matvec(&W, r0, nr, xt + (size_t)t * ld, st + (size_t)t * ld, y1);
+                            same &= !memcmp(y1, yn + (size_t)t * nr, (size_t)nr * 4);
+                        }
+                        snprintf(what, sizeof what, "%s matvec_n %s %dx%d n=%d", simd.name, names[f], rows, cols, n);
+                        check(what, same, same ? 0 : 1);
+                        free(xt); free(st); free(yn); free(y1);
+                    }
+                }
                 if (simd.matvec_bf16 && f != WF_F32) {
                     /* against the plain loop on x rounded to bf16 (FP8: x * 2^64 rounded, then
                      * / 2^64) with E4M3 subnormals as zero: the kernel's documented numerics */

@@ -82,8 +82,9 @@ static const char SERVE_USAGE[] =
     "  --tokenizer FILE  tokenizer.json (default DIR/tokenizer.json)\n"
     "  --draft N         speculative decoding: N tokens (0-" DRAFT_MAX_STR ") drafted per step by the MTP layer\n"
     "                    for each sequence, verified together (default: as glm run's; needs the MTP layer)\n"
-    "  --gpu, --gpus N   run on N GPUs (builds with GPU support): one sequence at a time, no prefix\n"
-    "                    cache (the GPU path keeps one KV cache, on the devices)\n"
+    "  --gpu, --gpus N   run on N GPUs (builds with GPU support): one sequence at a time; the GPU path\n"
+    "                    keeps one KV cache, on the devices, and a prompt reuses the whole --chunk\n"
+    "                    chunks it shares with the last prompt instead of the prefix cache\n"
     "  -t N              threads (default: one per core)\n"
     "  --bf16 / --fp32   activations of the weight products (default bf16; GLM_PRECISION)\n"
     "  -h, --help        this text\n"
@@ -347,6 +348,11 @@ typedef struct {
     float *logits;            /* [parallel * (drafts + 1)][V] */
     float *scratch;           /* [V] one row of logits kept while sample() overwrites it */
     PrefixCache cache;
+    /* --gpu: the devices hold one sequence's cache, which stays between jobs: the last
+     * job's whole prompt chunks (gpu_tokens[0 .. gpu_whole)) serve a next prompt that
+     * starts with them, in place of the prefix cache */
+    int *gpu_tokens, gpu_whole;
+    float *gpu_ends_h;        /* --draft: [ctx / chunk][H] the hidden state at each whole chunk's last position */
     int *script, n_script;    /* GLM_SERVE_SCRIPT (tests): every request "generates" these ids, then end of sequence */
     pthread_mutex_t mu;
     pthread_cond_t wake;      /* the engine: a job was queued or cancelled */
@@ -383,8 +389,29 @@ static void job_finish(Slot *sl, Job *j, const char *why) {
     if (sl) sl->job = NULL;
 }
 
+/* --gpu: the part of job j's prompt that the devices' cache still holds from the last
+ * job, in whole chunks (a whole chunk's rows are what the new prompt's own chunk would
+ * compute, as with the prefix cache), and not the last token: its logits are needed. */
+static int gpu_prefix(const Job *j) {
+    const int C = g.args.chunk;
+    int n = 0;
+    while (n < g.gpu_whole && n < j->n_prompt - 1 && g.gpu_tokens[n] == j->prompt[n]) n++;
+    return n / C * C;
+}
+
+/* --gpu: a prompt chunk of B rows ending at position end just ran; a whole chunk that
+ * extends the reusable prefix joins it (with drafts, with its last row's hidden state,
+ * which a job resuming there needs as the MTP layer's pending h). */
+static void gpu_keep_chunk(Slot *sl, int B, int end) {
+    const int C = g.args.chunk, H = g.S.model.cfg.hidden;
+    if (B != C || end % C || end - B != g.gpu_whole) return;
+    memcpy(g.gpu_tokens + end - B, sl->job->prompt + end - B, (size_t)B * sizeof(int));
+    if (g.drafts) memcpy(g.gpu_ends_h + (size_t)(end / C - 1) * H, spec_pending_end(&sl->spec) + (size_t)(B - 1) * H, (size_t)H * sizeof(float));
+    g.gpu_whole = end;
+}
+
 /* Under g.mu: free slots take queued jobs, each starting from the longest prefix the
- * cache holds in whole chunks. */
+ * cache holds in whole chunks (--gpu: that the devices still hold). */
 static void admit(void) {
     for (int i = 0; i < g.args.parallel && g.queue_head; i++) {
         Slot *sl = &g.slot[i];
@@ -398,9 +425,17 @@ static void admit(void) {
         sl->kv.pos = sl->kv.mtp_pos = 0;
         /* whole chunks of whole blocks only (see engine_step), and not the last token: its
          * logits are needed */
-        const int unit = g.args.cache_unit, hit = cache_match(&g.cache, j->prompt, j->n_prompt - 1) / unit * unit;
-        sl->last_block = cache_load(&g.cache, &g.S.model, j->prompt, hit, &sl->kv, sl->ends_h);
-        if (g.drafts) spec_resume(&sl->spec, j->prompt, j->n_prompt, hit, sl->ends_h);
+        int hit;
+        if (g.S.gpu) {
+            hit = gpu_prefix(j);
+            g.gpu_whole = hit; /* the job overwrites the rest */
+            if (g.drafts) spec_resume(&sl->spec, j->prompt, j->n_prompt, hit, hit ? g.gpu_ends_h + (size_t)(hit / g.args.chunk - 1) * g.S.model.cfg.hidden : NULL);
+        } else {
+            const int unit = g.args.cache_unit;
+            hit = cache_match(&g.cache, j->prompt, j->n_prompt - 1) / unit * unit;
+            sl->last_block = cache_load(&g.cache, &g.S.model, j->prompt, hit, &sl->kv, sl->ends_h);
+            if (g.drafts) spec_resume(&sl->spec, j->prompt, j->n_prompt, hit, sl->ends_h);
+        }
         sl->n_fed = sl->kv.pos = hit;
         sl->n_blocks = sl->n_fed / CACHE_BLOCK;
         j->n_cached = sl->n_fed;
@@ -551,6 +586,7 @@ static int engine_step(void) {
         Slot *sl = &g.slot[best];
         run_batch(seq + n_decode, 1, prompt_logits);
         sl->n_fed += seq[n_decode].n;
+        if (g.S.gpu) gpu_keep_chunk(sl, seq[n_decode].n, sl->n_fed);
         if (g.drafts) prompt_chunk_mtp(sl, seq[n_decode].n, sl->n_fed);
     }
     pthread_mutex_lock(&g.mu);
@@ -1357,6 +1393,10 @@ static void serve_start(ServeArgs *a) {
         if (g.drafts) sl->ends_h = xmalloc(((size_t)a->chunk / CACHE_BLOCK + 2) * c->hidden * sizeof(float));
     }
     g.logits = xmalloc(((size_t)a->parallel * (g.drafts + 1) + 1) * c->vocab_size * sizeof(float));
+    if (g.S.gpu) {
+        g.gpu_tokens = xmalloc((size_t)a->ctx * sizeof(int));
+        if (g.drafts) g.gpu_ends_h = xmalloc(((size_t)a->ctx / a->chunk + 1) * c->hidden * sizeof(float));
+    }
     g.scratch = xmalloc((size_t)c->vocab_size * sizeof(float));
     cache_init(&g.cache, &g.S.model, (size_t)(a->cache_mb * 1048576.0), g.drafts > 0);
     pthread_mutex_init(&g.mu, NULL);
@@ -1364,7 +1404,9 @@ static void serve_start(ServeArgs *a) {
     pthread_cond_init(&g.conns_done, NULL);
     fprintf(stderr, "glm: %s: %d layers, %.2f GB of weights, loaded in %.2f s; %s kernels, %s products\n", a->model_dir, c->n_layers,
             g.S.model.weight_bytes / 1e9, now_s() - t0, ops.name, ops.precision);
-    if (g.S.gpu) fprintf(stderr, "serve: 1 sequence at a time on the GPU path, %d tokens of context (KV cache on the devices); no prefix cache\n", a->ctx);
+    if (g.S.gpu)
+        fprintf(stderr, "serve: 1 sequence at a time on the GPU path, %d tokens of context (KV cache on the devices); a prompt reuses "
+                        "the whole %d-token chunks it shares with the last one\n", a->ctx, a->chunk);
     else
         fprintf(stderr, "serve: %d sequences x %d tokens of context = %.1f MiB of KV cache; prefix cache %.1f MiB (%d blocks of %d tokens); "
                         "prompt chunks of %d tokens\n",
@@ -1386,6 +1428,8 @@ static void serve_stop(void) {
     free(g.slot);
     free(g.logits);
     free(g.scratch);
+    free(g.gpu_tokens);
+    free(g.gpu_ends_h);
     free(g.script);
     cache_free(&g.cache);
     runstate_free(&g.S.state);

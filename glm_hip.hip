@@ -714,7 +714,12 @@ __device__ __forceinline__ void gemv_fast_sums(const DMat &W, const float *x, co
     }
     float acc[NT][GF_RPW];
     UNROLL for (int t = 0; t < NT; t++) UNROLL for (int j = 0; j < GF_RPW; j++) acc[t][j] = 0.0f;
-    for (int p0 = c0; p0 < c1; p0 += PIECE) {
+    /* a lane takes the chunks c0 + lane, c0 + lane + WAVE, ...: every chunk of a row lands
+     * in the same lane, in the same order, whatever the piece length (which shrinks as NT
+     * grows), so each token's sums are those of its one-token product bit for bit (a
+     * --draft verify step is computed as its decode steps would be). cf: this lane's first
+     * chunk of the piece. */
+    for (int p0 = c0, cf = lane; p0 < c1; p0 += PIECE, cf = (cf - PIECE) & (WAVE - 1)) {
         const int pn = c1 - p0 < PIECE ? c1 - p0 : PIECE;
         __syncthreads(); /* the previous piece is read by every wave */
         for (int t = 0; t < n; t++)
@@ -723,14 +728,14 @@ __device__ __forceinline__ void gemv_fast_sums(const DMat &W, const float *x, co
                 xs[(t * PIECE + e / CE) * CS + e % CE] = GLU ? silu_f(x[at]) * x2[at] : x[at];
             }
         __syncthreads();
-        if (i0 >= nr || lane >= pn) continue; /* uniform per wave, after the barrier */
+        if (i0 >= nr || cf >= pn) continue; /* after the barrier: a lane without a chunk here waits at the next one */
         uint4 q[GF_RPW], qn[GF_RPW];
         uint32_t sb[GF_RPW], sbn[GF_RPW];
         UNROLL for (int j = 0; j < GF_RPW; j++) {
-            q[j] = ((const uint4 *)wrow[j])[p0 + lane];
-            sb[j] = gf_scale_bits<FMT>(W, rr[j], p0 + lane);
+            q[j] = ((const uint4 *)wrow[j])[p0 + cf];
+            sb[j] = gf_scale_bits<FMT>(W, rr[j], p0 + cf);
         }
-        for (int c = lane; c < pn; c += WAVE) {
+        for (int c = cf; c < pn; c += WAVE) {
             const int cn = c + WAVE < pn ? c + WAVE : c; /* the next step's chunk, clamped */
             UNROLL for (int j = 0; j < GF_RPW; j++) {
                 qn[j] = ((const uint4 *)wrow[j])[p0 + cn];
@@ -2460,8 +2465,11 @@ static int imin(int a, int b) { return a < b ? a : b; }
 /* Slices per token for k_mla_attend_split (*slice_len keys each, whole tiles): enough
  * workgroups for 2 per compute unit over the n tokens, no slice shorter than a tile, at
  * most MLA_MAX_SLICES. kmax bounds a token's selection (what the host knows: pos0 + n
- * and index_topk). One slice: no combine. */
+ * and index_topk). One slice: no combine. A step of up to GEMV_MAXN tokens (a --draft
+ * verify step) splits each token's keys as a one-token step does, so that its rows are
+ * its decode steps' bit for bit (the combine adds the same slices in the same order). */
 static int mla_slice_target(int cus, int n, int kmax) { /* the count returned never exceeds it */
+    if (n <= GEMV_MAXN) n = 1;
     const int tiles = imax((kmax + MLA_KEYS - 1) / MLA_KEYS, 1), want = (2 * cus + n - 1) / n;
     const int S = want < tiles ? want : tiles;
     return S > MLA_MAX_SLICES ? MLA_MAX_SLICES : imax(S, 1);

@@ -182,6 +182,42 @@ static void test_matmul_mode(const char *mode, double tol) {
         }
 }
 
+/* A few tokens' product (a --draft verify step, n <= 8) gives each token the bits of its
+ * one-token product (decode), for every format, at widths that take several of the fast
+ * kernel's shared-memory pieces of x (fewer columns fit a piece for 8 tokens than for one)
+ * and with the product split along k: then drafting changes no greedy token on the GPU
+ * either. */
+static void test_gemv_tokens_as_one(void) {
+    const int shapes[][2] = {{24, 4096}, {40, 3072}, {9, 8192}};
+    const int ns[] = {2, 5, 8};
+    for (int split = 0; split < 2; split++) {
+        gpuk_gemv_split_min(split ? 1 : 0);
+        for (int f = 1; f < 4; f++)
+            for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+                const int rows = shapes[si][0], cols = shapes[si][1];
+                TMat t = make_mat((WeightFormat)f, rows, cols);
+                for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++) {
+                    const int n = ns[ni];
+                    float *x = xmalloc((size_t)n * cols * 4), *yn = xmalloc((size_t)n * rows * 4), *y1 = xmalloc((size_t)rows * 4);
+                    fill_n(x, (size_t)n * cols, 1.0f);
+                    gpuk_matmul_rows(yn, x, &t.W, 0, rows, n);
+                    int differ = 0;
+                    for (int k = 0; k < n; k++) {
+                        gpuk_matmul_rows(y1, x + (size_t)k * cols, &t.W, 0, rows, 1);
+                        differ += memcmp(y1, yn + (size_t)k * rows, (size_t)rows * 4) != 0;
+                    }
+                    char name[96];
+                    snprintf(name, sizeof name, "gemv %s%s %dx%d n=%d: each token's rows as its one-token product", fmt_name[f],
+                             split ? " split" : "", rows, cols, n);
+                    report(!differ, name, "%d of %d tokens differ", differ, n);
+                    free(x); free(yn); free(y1);
+                }
+                free_mat(&t);
+            }
+    }
+    gpuk_gemv_split_min(0);
+}
+
 /* The matrix instruction itself (gpuk_mma: one wave, one instruction, operands placed
  * per the documented layouts by mma_step): wave 64 runs AMD's v_mfma_f32_32x32x8_bf16,
  * wave 32 NVIDIA's mma.m16n8k16. Small integers (exact in bf16, every sum exact in fp32)
@@ -765,6 +801,47 @@ static void test_mla_attend(void) {
     }
 }
 
+/* Attention and the indexer's scores for n tokens (a --draft verify step) give each token
+ * the bits it gets alone (its decode step): GLM-5.2's shapes, on a GPU of 8 compute units
+ * (where the host would otherwise split 4 tokens' keys into fewer slices than one's) and of
+ * 256, and the indexer at a context past index_topk. */
+static void test_attend_tokens_as_one(void) {
+    const int NH = 64, DR = 64, KR = 512, AD = KR + DR, K = 2048, T = 2600, n = 4, cus_list[] = {8, 256};
+    Config c = mla_config(NH, 192 - DR, DR, 0, KR, K);
+    float *q = xmalloc((size_t)n * NH * AD * 4), *lat = xmalloc((size_t)T * AD * 4), *gn = xmalloc((size_t)n * NH * KR * 4), *g1 = xmalloc((size_t)NH * KR * 4);
+    int *sel = xmalloc((size_t)n * K * 4), nsel[4] = {2048, 2048, 1500, 2048};
+    fill_n(q, (size_t)n * NH * AD, 1.0f);
+    fill_n(lat, (size_t)T * AD, 1.0f);
+    for (int i = 0; i < n * K; i++) sel[i] = (int)(rnd32() % (uint32_t)T);
+    for (int ci = 0; ci < 2; ci++) {
+        gpuk_mla_attend(gn, q, lat, T, sel, nsel, &c, n, K, cus_list[ci], 0);
+        int differ = 0;
+        for (int t = 0; t < n; t++) {
+            gpuk_mla_attend(g1, q + (size_t)t * NH * AD, lat, T, sel + (size_t)t * K, nsel + t, &c, 1, K, cus_list[ci], 0);
+            differ += memcmp(g1, gn + (size_t)t * NH * KR, (size_t)NH * KR * 4) != 0;
+        }
+        char name[128];
+        snprintf(name, sizeof name, "mla attend n=%d, %d compute units: each token as alone", n, cus_list[ci]);
+        report(!differ, name, "%d of %d tokens differ", differ, n);
+    }
+    free(q); free(lat); free(gn); free(g1); free(sel);
+    const int IH = 32, ID = 128, pos0 = 2100, m = 5, TT = pos0 + m;
+    Config ci;
+    memset(&ci, 0, sizeof ci);
+    ci.index_n_heads = IH; ci.index_head_dim = ID; ci.index_topk = K;
+    float *iq = xmalloc((size_t)m * IH * ID * 4), *iw = xmalloc((size_t)m * IH * 4), *keys = xmalloc((size_t)TT * ID * 4);
+    float *sn = xmalloc((size_t)m * TT * 4), *s1 = xmalloc((size_t)TT * 4);
+    fill_n(iq, (size_t)m * IH * ID, 1.0f); fill_n(iw, (size_t)m * IH, 1.0f); fill_n(keys, (size_t)TT * ID, 1.0f);
+    gpuk_ix_scores(sn, iq, iw, keys, TT, &ci, m, pos0);
+    int differ = 0;
+    for (int t = 0; t < m; t++) {
+        gpuk_ix_scores(s1, iq + (size_t)t * IH * ID, iw + (size_t)t * IH, keys, TT, &ci, 1, pos0 + t);
+        differ += memcmp(s1, sn + (size_t)t * TT, (size_t)(pos0 + t + 1) * 4) != 0; /* the keys it sees */
+    }
+    report(!differ, "indexer scores n=5 past index_topk: each token as alone", "%d of %d tokens differ", differ, m);
+    free(iq); free(iw); free(keys); free(sn); free(s1);
+}
+
 /* The indexer's scores, tiled and plain, against glm.c's index_scores, and the top-k
  * they give against topk_select of glm.c's scores: GLM-5.2's 32 heads x 128 and the tiny
  * checkpoints' 4 x 32; a chunk where some tokens still see <= index_topk keys (no scores). */
@@ -1029,6 +1106,7 @@ int main(int argc, char **argv) {
     const int all = !only || !*only;
     if (!all && strcmp(only, "conversions")) { fprintf(stderr, "GPU_KTEST_ONLY=%s: expected conversions\n", only); return 1; }
     test_matmul();
+    test_gemv_tokens_as_one();
     if (all) {
         test_mma_instr();
         test_gemm_mma();
@@ -1042,6 +1120,7 @@ int main(int argc, char **argv) {
         test_q_absorb();
         test_mla_attend();
         test_ix_scores();
+        test_attend_tokens_as_one();
     }
     for (int i = 1; i < argc; i++) test_blocks_mode(argv[i], 0);
     if (argc > 1 && all) test_blocks_mode(argv[1], 1); /* the plain kernels, once */

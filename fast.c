@@ -247,6 +247,16 @@ static void token_layouts(const Mat *W, const float *x, int ldx, const int *rows
     }
 }
 
+/* Rows per run of a few tokens' product over nr rows of W: ~8 runs per thread, 256 KB
+ * .. 1 MB each, which threads take as they free up. */
+static int token_run_rows(const Mat *W, int nr, int parallel) {
+    const int threads = parallel ? g_threads : 1;
+    double run = (double)W->bytes * nr / W->rows / (8.0 * threads);
+    run = run < RUN_TAIL ? RUN_TAIL : run > RUN_MIN ? RUN_MIN : run;
+    const int rows = (int)(run / ((double)W->bytes / W->rows));
+    return rows < 1 ? 1 : rows;
+}
+
 /* A few tokens (the sequences of a serve batch, a draft being checked, an expert's share
  * of them): every row streams from memory once and serves all tokens (matvec_bf16_n), in
  * runs over the threads as in matvec_jobs. Each token's x is laid out and rounded once. A
@@ -255,11 +265,7 @@ static void token_layouts(const Mat *W, const float *x, int ldx, const int *rows
 static void matvec_tokens(float *y, int ldy, const float *x, int ldx, const Mat *W, int r0, int nr, int n, int parallel) {
     uint16_t *xb = (uint16_t *)(g_tokens_xs + (size_t)thread_id() * MATVEC_MAX_TOKENS * XS_COLS);
     token_layouts(W, x, ldx, NULL, n, xb);
-    const int threads = parallel ? g_threads : 1;
-    double run = (double)W->bytes * nr / W->rows / (8.0 * threads); /* ~8 runs per thread, 256 KB .. 1 MB each */
-    run = run < RUN_TAIL ? RUN_TAIL : run > RUN_MIN ? RUN_MIN : run;
-    int rows = (int)(run / ((double)W->bytes / W->rows));
-    rows = rows < 1 ? 1 : rows;
+    const int rows = token_run_rows(W, nr, parallel);
 #pragma omp parallel for schedule(dynamic, 1) if (parallel)
     for (int lo = 0; lo < nr; lo += rows)
         kernels.matvec_bf16_n(W, r0 + lo, nr - lo < rows ? nr - lo : rows, xb, XS_COLS, n, y + lo, (size_t)ldy);
@@ -271,11 +277,7 @@ static void matvec_tokens(float *y, int ldy, const float *x, int ldx, const Mat 
 static void matvec_tokens_f32(float *y, int ldy, const float *x, int ldx, const Mat *W, int r0, int nr, int n, int parallel) {
     float *xs = g_tokens_xs + (size_t)thread_id() * MATVEC_MAX_TOKENS * XS_COLS;
     for (int t = 0; t < n; t++) matvec_split_x(W, x + (size_t)t * ldx, xs + (size_t)t * XS_COLS);
-    const int threads = parallel ? g_threads : 1;
-    double run = (double)W->bytes * nr / W->rows / (8.0 * threads);
-    run = run < RUN_TAIL ? RUN_TAIL : run > RUN_MIN ? RUN_MIN : run;
-    int rows = (int)(run / ((double)W->bytes / W->rows));
-    rows = rows < 1 ? 1 : rows;
+    const int rows = token_run_rows(W, nr, parallel);
 #pragma omp parallel for schedule(dynamic, 1) if (parallel)
     for (int lo = 0; lo < nr; lo += rows)
         kernels.matvec_n(W, r0 + lo, nr - lo < rows ? nr - lo : rows, x, (size_t)ldx, xs, XS_COLS, n, y + lo, (size_t)ldy);

@@ -414,6 +414,15 @@ void session_mtp_draft_shared(Session *S, KVCache *kv, const float *h, int next,
  * token's logits stay on the device for gpu_sample, which draws with u uniform in
  * [0, 1) from the CPU's generator. */
 GpuModel *gpu_load(const Model *m, int n_gpus, int ctx);
+/* gpu_load with `slots` sequences' worth of cache rows in every layer (glm serve
+ * --parallel; the MTP layer keeps one): gpu_use_slot picks the one the one-sequence
+ * calls below use, gpu_forward_rows runs one token of several at once. */
+GpuModel *gpu_load_slots(const Model *m, int n_gpus, int ctx, int slots);
+void gpu_use_slot(GpuModel *g, int slot);
+/* A decode step of n <= 8 sequences: tokens[i] at pos[i] in cache slot slot[i]; logits
+ * [n][V]. Each row's logits are bit for bit those of its own gpu_forward. */
+#define GPU_BATCH_MAX 8 /* the most rows of a gpu_forward_rows (glm_hip.hip GEMV_MAXN) */
+void gpu_forward_rows(GpuModel *g, const int *slot, const int *pos, const int *tokens, int n, float *logits);
 void gpu_forward(GpuModel *g, int pos, const int *tokens, int n, float *logits, int all_logits);
 /* gpu_forward that also writes hidden [n][H] (host, if not NULL): each token's
  * final-normed hidden state, the MTP layer's h_t (as forward_hidden). */

@@ -124,6 +124,7 @@ __device__ __forceinline__ int shfl_xor_any(int v, int m) { return shfl_xor_i32(
 #endif
 
 #include <math.h>
+#include <limits.h>
 #include <stdint.h>
 
 /* Every kernel run is counted (gpu_launch_count; a replayed graph adds its kernels):
@@ -2322,7 +2323,7 @@ struct GMtp {            /* the MTP layer (glm.h Mtp) on the last device, its ca
     float *enorm, *hnorm, *head_norm;
 };
 
-#define GRAPH_KEY (4 + 2 * GPU_MAX_DEVICES) /* tokens, indexer grid, all_logits, hidden, each device's attention slices and length */
+#define GRAPH_KEY (5 + 2 * GPU_MAX_DEVICES) /* tokens, indexer grid, all_logits, hidden, cache slot, each device's attention slices and length */
 #define GRAPH_CACHE 4    /* captured steps kept: a decode step and --draft's verify step alternate */
 struct GpuGraph {        /* one step's shapes, captured: a graph per device */
     hipGraphExec_t exec[GPU_MAX_DEVICES]; /* exec[0] NULL: unused */
@@ -2331,10 +2332,19 @@ struct GpuGraph {        /* one step's shapes, captured: a graph per device */
     unsigned long last_use;
 };
 
+/* One sequence's rows of a step (glm.c's Span): rows start..start+n-1 of the chunk, at
+ * positions pos.., appended to and attending over cache slot `slot` (glm serve's
+ * sequences each have their own rows in every layer's cache). */
+struct GSpan {
+    int start, n, pos, slot;
+};
+
 struct GpuModel {
     const Model *m;
     Config c;
     int n_dev, ctx, pos, cap;
+    int slots;           /* cache slots (gpu_load_slots); the MTP layer's cache has one */
+    int slot;            /* the slot of the one-sequence entry points (gpu_use_slot) */
     GDev dev[GPU_MAX_DEVICES];
     GLayer *layers;
     DMat embed, lm_head;
@@ -2621,15 +2631,25 @@ static Arena dev_alloc(GDev *D, size_t bytes, const char *what) {
  * a layer lives in one allocation. */
 static void up_layer_kv(GpuModel *g, Arena *A, GLayer *G, const Layer *L, int dense) {
     const Config *c = &g->c;
+    const size_t rows = (size_t)g->ctx * g->slots; /* slot s: rows s*ctx .. */
     up_layer(g, A, G, L, dense);
-    G->latent = (float *)arena_take(A, (size_t)g->ctx * (c->kv_lora_rank + c->qk_rope) * sizeof(float));
-    G->index_k = G->has_indexer ? (float *)arena_take(A, (size_t)g->ctx * c->index_head_dim * sizeof(float)) : NULL;
+    G->latent = (float *)arena_take(A, rows * (c->kv_lora_rank + c->qk_rope) * sizeof(float));
+    G->index_k = G->has_indexer ? (float *)arena_take(A, rows * c->index_head_dim * sizeof(float)) : NULL;
 }
 
-static void zero_kv(GpuModel *g, const GLayer *G) {
+/* Slot s's cache rows of layer L (glm serve's sequence s; the MTP layer has slot 0 only). */
+static float *slot_latent(const GpuModel *g, const GLayer *L, int s) {
+    return L->latent + (size_t)s * g->ctx * (g->c.kv_lora_rank + g->c.qk_rope);
+}
+static float *slot_index_k(const GpuModel *g, const GLayer *L, int s) {
+    return L->index_k ? L->index_k + (size_t)s * g->ctx * g->c.index_head_dim : NULL;
+}
+
+static void zero_kv(GpuModel *g, const GLayer *G, int slots) {
     const Config *c = &g->c;
-    CHECK(hipMemset(G->latent, 0, (size_t)g->ctx * (c->kv_lora_rank + c->qk_rope) * sizeof(float)));
-    if (G->index_k) CHECK(hipMemset(G->index_k, 0, (size_t)g->ctx * c->index_head_dim * sizeof(float)));
+    const size_t rows = (size_t)g->ctx * slots;
+    CHECK(hipMemset(G->latent, 0, rows * (c->kv_lora_rank + c->qk_rope) * sizeof(float)));
+    if (G->index_k) CHECK(hipMemset(G->index_k, 0, rows * c->index_head_dim * sizeof(float)));
 }
 
 /* The scratch a device takes for chunks of g->cap tokens (a counting pass of take_scratch). */
@@ -2691,7 +2711,7 @@ static int choose_graphs(void) {
     glm_fatal("GLM_GPU_GRAPH=%s: expected 1 or 0", e);
 }
 
-extern "C" GpuModel *gpu_load(const Model *m, int n_gpus, int ctx) {
+extern "C" GpuModel *gpu_load_slots(const Model *m, int n_gpus, int ctx, int slots) {
     choose_kernels();
     const int graphs = choose_graphs();
     int count = 0;
@@ -2706,6 +2726,8 @@ extern "C" GpuModel *gpu_load(const Model *m, int n_gpus, int ctx) {
     g->c = m->cfg;
     g->n_dev = n_gpus;
     g->ctx = ctx;
+    if (slots < 1 || (size_t)ctx * slots > INT_MAX) glm_fatal("gpu_load_slots: %d cache slots of %d tokens", slots, ctx);
+    g->slots = slots;
     g->cap = ctx < 64 ? ctx : 64; /* chosen below, once the devices' shares are known */
     const Config *c = &g->c;
     g->layers = (GLayer *)calloc((size_t)c->n_layers, sizeof(GLayer));
@@ -2745,8 +2767,8 @@ extern "C" GpuModel *gpu_load(const Model *m, int n_gpus, int ctx) {
         if (d == n_gpus - 1) wbytes += Tl.used;
         if (d == n_gpus - 1 && m->mtp) { wbytes += M.used - mtp_kv; kv += mtp_kv; }
         for (int l = D->l0; l < D->l1; l++) {
-            wbytes += lb[l] - layer_kv_bytes(c, c->full_index[l], ctx);
-            kv += layer_kv_bytes(c, c->full_index[l], ctx);
+            wbytes += lb[l] - layer_kv_bytes(c, c->full_index[l], ctx * slots);
+            kv += layer_kv_bytes(c, c->full_index[l], ctx * slots);
         }
         D->wbytes = wbytes;
         D->kv_bytes = kv;
@@ -2794,7 +2816,7 @@ extern "C" GpuModel *gpu_load(const Model *m, int n_gpus, int ctx) {
             Arena A = dev_alloc(D, lb[l], what);
             GLayer *G = &g->layers[l];
             up_layer_kv(g, &A, G, &m->layers[l], c->dense[l]);
-            zero_kv(g, G);
+            zero_kv(g, G, g->slots);
         }
         if (d == n_gpus - 1) {
             Arena A = dev_alloc(D, Tl.used, "lm_head");
@@ -2809,7 +2831,7 @@ extern "C" GpuModel *gpu_load(const Model *m, int n_gpus, int ctx) {
                 G->dev = d;
                 G->latent = (float *)arena_take(&MA, (size_t)ctx * (c->kv_lora_rank + c->qk_rope) * sizeof(float));
                 G->index_k = G->has_indexer ? (float *)arena_take(&MA, (size_t)ctx * c->index_head_dim * sizeof(float)) : NULL;
-                zero_kv(g, G);
+                zero_kv(g, G, 1);
             }
         }
         D->scratch = dev_alloc(D, D->scratch.size, "scratch");
@@ -2832,6 +2854,13 @@ extern "C" GpuModel *gpu_load(const Model *m, int n_gpus, int ctx) {
     }
     CHECK(hipSetDevice(0));
     return g;
+}
+
+extern "C" GpuModel *gpu_load(const Model *m, int n_gpus, int ctx) { return gpu_load_slots(m, n_gpus, ctx, 1); }
+
+extern "C" void gpu_use_slot(GpuModel *g, int s) {
+    if (s < 0 || s >= g->slots) glm_fatal("gpu_use_slot: slot %d of %d", s, g->slots);
+    g->slot = s;
 }
 
 extern "C" long gpu_launch_count(void) { return g_launches; }
@@ -2912,24 +2941,29 @@ static void rmsnorm(float *y, const float *x, const float *w, int dim, int n, fl
     LAUNCHED(k_rmsnorm, dim3(n), dim3(BLOCK), 0, 0, y, dim, x, dim, w, dim, eps);
 }
 
-/* indexer_select: queries, this chunk's keys into the cache, scores, top-k into sel. */
-static void indexer_select(GpuModel *g, GDev *D, const GLayer *L, int n, int pos0) {
+/* indexer_select: queries of the chunk's B rows, then for each sequence (span) its keys
+ * into its cache slot, its scores over that slot's keys and its top-k into sel. */
+static void indexer_select(GpuModel *g, GDev *D, const GLayer *L, int B, const GSpan *sp, int n_sp) {
     const Config *c = &g->c;
     const int IH = c->index_n_heads, ID = c->index_head_dim, K = c->index_topk;
-    matmul(D->ix_q, D->cq, L->ix_wq_b, n);
-    matmul(D->ix_k, D->a, L->ix_wk, n);
-    matmul(D->ix_w, D->a, L->ix_weights, n);
-    LAUNCHED(k_rope, dim3(n), dim3(BLOCK), 0, 0, D->ix_q, IH * ID, IH, ID, 0, c->qk_rope, pos0, (const float *)D->rope, g_pos_dev);
-    LAUNCHED(k_ix_key, dim3(n), dim3(BLOCK), 0, 0, L->index_k, (const float *)D->ix_k, (const float *)L->ix_knorm_w, (const float *)L->ix_knorm_b, ID, c->qk_rope, pos0,
-           (const float *)D->rope, g_pos_dev);
-    int vmax = pos0 + n;
-    if (vmax > K && ix_tiled(c))
-        LAUNCHED(k_ix_scores_tiled, dim3(ix_key_blocks(c, vmax), (n + IX_TOKENS - 1) / IX_TOKENS), dim3(BLOCK), 0, 0, D->ix_scores, g->ctx, (const float *)D->ix_q,
-                 (const float *)D->ix_w, (const float *)L->index_k, IH, ID, K, pos0, n, g_pos_dev);
-    else if (vmax > K)
-        LAUNCHED(k_ix_scores, dim3(ix_key_blocks(c, vmax), n), dim3(BLOCK), 0, 0, D->ix_scores, g->ctx, (const float *)D->ix_q, (const float *)D->ix_w,
-               (const float *)L->index_k, IH, ID, K, pos0, g_pos_dev);
-    LAUNCHED(k_topk, dim3(n), dim3(BLOCK), 0, 0, (const float *)D->ix_scores, g->ctx, K, pos0, D->sel, D->n_sel, g_pos_dev);
+    matmul(D->ix_q, D->cq, L->ix_wq_b, B);
+    matmul(D->ix_k, D->a, L->ix_wk, B);
+    matmul(D->ix_w, D->a, L->ix_weights, B);
+    for (int i = 0; i < n_sp; i++) {
+        const int t0 = sp[i].start, n = sp[i].n, pos0 = sp[i].pos, vmax = pos0 + n;
+        float *q = D->ix_q + (size_t)t0 * IH * ID, *scores = D->ix_scores + (size_t)t0 * g->ctx, *keys = slot_index_k(g, L, sp[i].slot);
+        const float *w = D->ix_w + (size_t)t0 * IH;
+        LAUNCHED(k_rope, dim3(n), dim3(BLOCK), 0, 0, q, IH * ID, IH, ID, 0, c->qk_rope, pos0, (const float *)D->rope, g_pos_dev);
+        LAUNCHED(k_ix_key, dim3(n), dim3(BLOCK), 0, 0, keys, (const float *)D->ix_k + (size_t)t0 * ID, (const float *)L->ix_knorm_w,
+                 (const float *)L->ix_knorm_b, ID, c->qk_rope, pos0, (const float *)D->rope, g_pos_dev);
+        if (vmax > K && ix_tiled(c))
+            LAUNCHED(k_ix_scores_tiled, dim3(ix_key_blocks(c, vmax), (n + IX_TOKENS - 1) / IX_TOKENS), dim3(BLOCK), 0, 0, scores, g->ctx, (const float *)q, w,
+                     (const float *)keys, IH, ID, K, pos0, n, g_pos_dev);
+        else if (vmax > K)
+            LAUNCHED(k_ix_scores, dim3(ix_key_blocks(c, vmax), n), dim3(BLOCK), 0, 0, scores, g->ctx, (const float *)q, w, (const float *)keys, IH, ID, K, pos0,
+                     g_pos_dev);
+        LAUNCHED(k_topk, dim3(n), dim3(BLOCK), 0, 0, (const float *)scores, g->ctx, K, pos0, D->sel + (size_t)t0 * K, D->n_sel + t0, g_pos_dev);
+    }
 }
 
 /* q_abs for n tokens: the wide GEMV, or the plain kernel (one block per head and 256 columns). */
@@ -2964,29 +2998,41 @@ static void attend_selected(const Config *c, int cus, float *o_lat, float *part_
     if (S > 1) LAUNCHED(k_mla_combine, dim3(NH, n), dim3(BLOCK), 0, 0, o_lat, (const float *)part_o, (const float *)part_ml, n_sel, NH, KR, S, len);
 }
 
-static void mla_attend_absorbed(GpuModel *g, GDev *D, const GLayer *L, int n, int pos0) {
+/* The absorbed attention of the chunk's B rows: q_abs for all, each sequence (span) over
+ * its selection of its own cache slot's rows, the un-absorb for all. */
+static void mla_attend_absorbed(GpuModel *g, GDev *D, const GLayer *L, int B, const GSpan *sp, int n_sp) {
     const Config *c = &g->c;
-    const int NH = c->n_heads, DN = c->qk_nope, DV = c->v_head, KR = c->kv_lora_rank, K = c->index_topk;
-    q_absorb(c, D->q_abs, D->q, L->kv_b, n);
-    attend_selected(c, device_cus(D->id), D->o_lat, D->mla_part, D->mla_ml, D->att_scores, D->q_abs, L->latent, D->sel, D->n_sel, n, pos0 + n < K ? pos0 + n : K, 0);
+    const int NH = c->n_heads, DN = c->qk_nope, DR = c->qk_rope, DV = c->v_head, KR = c->kv_lora_rank, K = c->index_topk;
+    q_absorb(c, D->q_abs, D->q, L->kv_b, B);
+    for (int i = 0; i < n_sp; i++) { /* (the slices' scratch is reused: the stream runs the spans in turn) */
+        const size_t t0 = (size_t)sp[i].start;
+        const int kmax = sp[i].pos + sp[i].n < K ? sp[i].pos + sp[i].n : K;
+        attend_selected(c, device_cus(D->id), D->o_lat + t0 * NH * KR, D->mla_part, D->mla_ml, D->att_scores + t0 * NH * K, D->q_abs + t0 * NH * (KR + DR),
+                        slot_latent(g, L, sp[i].slot), D->sel + t0 * K, D->n_sel + t0, sp[i].n, kmax, 0);
+    }
     /* un-absorb: o_heads[t][h] = W_UV[h] · o_lat[t][h], all heads in one launch */
-    matmul_rows(D->o_heads, NH * DV, D->o_lat, NH * KR, L->kv_b, DN, DV, n, NH, DN + DV, KR, DV);
+    matmul_rows(D->o_heads, NH * DV, D->o_lat, NH * KR, L->kv_b, DN, DV, B, NH, DN + DV, KR, DV);
 }
 
-static void attention(GpuModel *g, GDev *D, const GLayer *L, int n, int pos0) {
+/* The attention block (glm.c attention) of the chunk's B rows, which belong to the
+ * sequences sp[0..n_sp): the projections for all rows at once (each weight read once),
+ * then each sequence's RoPE, cache rows, indexer and attention over its own slot. */
+static void attention(GpuModel *g, GDev *D, const GLayer *L, int B, const GSpan *sp, int n_sp) {
     const Config *c = &g->c;
-    const int NH = c->n_heads, DN = c->qk_nope, DR = c->qk_rope, QR = c->q_lora_rank;
-    matmul(D->cq, D->a, L->q_a, n);
-    rmsnorm(D->cq, D->cq, L->q_a_norm, QR, n, 1e-6f); /* eps 1e-6 for the q/kv latent norms (pitfall 4) */
-    matmul(D->q, D->cq, L->q_b, n);
-    matmul(D->ckv, D->a, L->kv_a, n);
+    const int NH = c->n_heads, DN = c->qk_nope, DR = c->qk_rope, QR = c->q_lora_rank, AD = c->kv_lora_rank + DR;
+    matmul(D->cq, D->a, L->q_a, B);
+    rmsnorm(D->cq, D->cq, L->q_a_norm, QR, B, 1e-6f); /* eps 1e-6 for the q/kv latent norms (pitfall 4) */
+    matmul(D->q, D->cq, L->q_b, B);
+    matmul(D->ckv, D->a, L->kv_a, B);
     /* q_pe's RoPE and the token's cache row [RMSNorm(c), RoPE(k_pe)] in one launch */
-    LAUNCHED(k_rope_q_kv_append, dim3(n), dim3(BLOCK), 0, 0, D->q, NH * (DN + DR), NH, DN + DR, DN, L->latent, (const float *)D->ckv,
-             (const float *)L->kv_a_norm, c->kv_lora_rank, DR, pos0, (const float *)D->rope, g_pos_dev);
-    if (L->has_indexer) indexer_select(g, D, L, n, pos0);
+    for (int i = 0; i < n_sp; i++)
+        LAUNCHED(k_rope_q_kv_append, dim3(sp[i].n), dim3(BLOCK), 0, 0, D->q + (size_t)sp[i].start * NH * (DN + DR), NH * (DN + DR), NH, DN + DR, DN,
+                 slot_latent(g, L, sp[i].slot), (const float *)D->ckv + (size_t)sp[i].start * AD, (const float *)L->kv_a_norm, c->kv_lora_rank, DR,
+                 sp[i].pos, (const float *)D->rope, g_pos_dev);
+    if (L->has_indexer) indexer_select(g, D, L, B, sp, n_sp);
     /* a shared layer keeps D->sel from the last full layer (IndexShare, §3.6) */
-    mla_attend_absorbed(g, D, L, n, pos0);
-    matmul(D->out, D->o_heads, L->o, n);
+    mla_attend_absorbed(g, D, L, B, sp, n_sp);
+    matmul(D->out, D->o_heads, L->o, B);
 }
 
 /* A decode step's MLP in two launches (k_mlp_gate_up, k_mlp_down) for n tokens: A routed
@@ -3092,17 +3138,17 @@ static void residual_add(GpuModel *g, GDev *D, int B) {
     LAUNCHED(k_add, dim3(blocks_for(nh)), dim3(BLOCK), 0, 0, D->x, (const float *)D->out, nh);
 }
 
-/* One decoder layer L on the chunk's B rows at positions pos0.. (glm.c layer_forward):
+/* One decoder layer L on the chunk's B rows, the sequences sp[0..n_sp) (glm.c layer_forward):
  * pre-norm attention and pre-norm MLP (dense) or MoE, each added to D->x. The MTP
  * layer (g->mtp->layer, its own cache rows) runs through the same code. To save a
  * launch per layer, the MLP's output is left in D->out: the next layer adds it as it
  * norms its input (pending = 1), else the caller does (residual_add). */
-static void layer_forward(GpuModel *g, GDev *D, const GLayer *L, int dense, int B, int pos0, int pending) {
+static void layer_forward(GpuModel *g, GDev *D, const GLayer *L, int dense, int B, const GSpan *sp, int n_sp, int pending) {
     const Config *c = &g->c;
     const int H = c->hidden;
     if (pending) LAUNCHED(k_add_rmsnorm, dim3(B), dim3(BLOCK), 0, 0, D->x, (const float *)D->out, D->a, (const float *)L->input_norm, H, c->rms_eps);
     else rmsnorm(D->a, D->x, L->input_norm, H, B, c->rms_eps);
-    attention(g, D, L, B, pos0);
+    attention(g, D, L, B, sp, n_sp);
     /* the residual add and the MLP's norm in one launch */
     LAUNCHED(k_add_rmsnorm, dim3(B), dim3(BLOCK), 0, 0, D->x, (const float *)D->out, D->a, (const float *)L->post_norm, H, c->rms_eps);
     if (dense && mlp_fused_now(L, B))
@@ -3144,31 +3190,31 @@ static void head(GpuModel *g, GDev *D, const float *norm, int start, int B, int 
  * logits [n][V] if all_logits, else only the last token's [V] (to `logits` unless it
  * is NULL; they also stay on the device for gpu_sample); hidden [n][H] (if not NULL):
  * each token's final-normed hidden state, the MTP layer's h_t (glm.c forward_hidden). */
-/* Device D's share of a step of B tokens at positions pos0..: the embedding (device 0,
- * from its D->tokens), its layers l0..l1-1, and the last one's residual add. Only
- * launches: a graph captures exactly this. */
-static void device_layers(GpuModel *g, GDev *D, int B, int pos0) {
+/* Device D's share of a step of B tokens (the sequences sp[0..n_sp)): the embedding
+ * (device 0, from its D->tokens), its layers l0..l1-1, and the last one's residual add.
+ * Only launches: a graph captures exactly this. */
+static void device_layers(GpuModel *g, GDev *D, int B, const GSpan *sp, int n_sp) {
     const Config *c = &g->c;
     if (D->id == 0) LAUNCHED(k_embed, dim3(B), dim3(BLOCK), 0, 0, g->embed, (const int *)D->tokens, D->x);
     for (int l = D->l0; l < D->l1; l++) /* from the second layer on, the previous MLP's output is still to add */
-        layer_forward(g, D, &g->layers[l], c->dense[l], B, pos0, l > D->l0);
+        layer_forward(g, D, &g->layers[l], c->dense[l], B, sp, n_sp, l > D->l0);
     residual_add(g, D, B);
 }
 
-/* The B tokens in device 0's D->tokens at positions pos0.. through every layer, device
- * after device; returns the last device, whose x holds the last layer's output. */
-static GDev *run_layers(GpuModel *g, int B, int pos0) {
+/* The B tokens in device 0's D->tokens (the sequences sp[0..n_sp)) through every layer,
+ * device after device; returns the last device, whose x holds the last layer's output. */
+static GDev *run_layers(GpuModel *g, int B, const GSpan *sp, int n_sp) {
     for (int d = 0; d < g->n_dev; d++) {
         if (d > 0) hand_over(g, &g->dev[d - 1], &g->dev[d], B);
-        device_layers(g, &g->dev[d], B, pos0);
+        device_layers(g, &g->dev[d], B, sp, n_sp);
     }
     return &g->dev[g->n_dev - 1];
 }
 
 /* What a step of n tokens at position pos launches that depends on n and pos: the
  * products' and MLP's kernels (n), the indexer's scoring grid (none before the context
- * passes index_topk), what the head copies out, and each device's attention slice count
- * and length (from its compute units). A captured step replays while these stay the
+ * passes index_topk), what the head copies out, the cache slot, and each device's
+ * attention slice count and length (from its compute units). A captured step replays while these stay the
  * same; everything else it needs of pos, the kernels read from the device's pos_dev. */
 static void graph_key(GpuModel *g, int n, int pos, int all_logits, int hidden, int key[GRAPH_KEY]) {
     const Config *c = &g->c;
@@ -3178,7 +3224,8 @@ static void graph_key(GpuModel *g, int n, int pos, int all_logits, int hidden, i
     key[1] = vmax > K ? (int)ix_key_blocks(c, vmax) : 0;
     key[2] = all_logits;
     key[3] = hidden;
-    for (int d = 0; d < g->n_dev && mla_fast(c); d++) key[4 + 2 * d] = mla_slices(device_cus(d), n, vmax < K ? vmax : K, &key[5 + 2 * d]);
+    key[4] = g->slot; /* its cache rows' addresses */
+    for (int d = 0; d < g->n_dev && mla_fast(c); d++) key[5 + 2 * d] = mla_slices(device_cus(d), n, vmax < K ? vmax : K, &key[6 + 2 * d]);
 }
 
 /* A decode step, or --draft's verify step (n <= GEMV_MAXN tokens, the fast kernels), as
@@ -3198,6 +3245,7 @@ static void graph_step(GpuModel *g, const int *tokens, int n, float *logits, int
         if (g->graph[i].exec[0] && !memcmp(key, g->graph[i].key, sizeof key)) G = &g->graph[i];
         if (g->graph[i].last_use < oldest->last_use) oldest = &g->graph[i];
     }
+    const GSpan one = {0, n, pos0, g->slot};
     if (!G) {
         G = oldest;
         const long before = g_launches;
@@ -3209,7 +3257,7 @@ static void graph_step(GpuModel *g, const int *tokens, int n, float *logits, int
             CHECK(hipStreamBeginCapture(D->stream, hipStreamCaptureModeThreadLocal));
             g_stream = D->stream;
             g_pos_dev = D->pos_dev;
-            device_layers(g, D, n, pos0);
+            device_layers(g, D, n, &one, 1);
             if (d == g->n_dev - 1) head_rows(g, D, g->final_norm, 0, n, n, all_logits, hidden != NULL);
             g_stream = 0;
             g_pos_dev = NULL;
@@ -3250,7 +3298,8 @@ extern "C" void gpu_forward_hidden(GpuModel *g, int pos, const int *tokens, int 
         int B = n - start < g->cap ? n - start : g->cap, pos0 = g->pos;
         CHECK(hipSetDevice(0));
         CHECK(hipMemcpy(g->dev[0].tokens, tokens + start, (size_t)B * sizeof(int), hipMemcpyHostToDevice));
-        GDev *D = run_layers(g, B, pos0);
+        const GSpan one = {0, B, pos0, g->slot};
+        GDev *D = run_layers(g, B, &one, 1);
         g->pos += B;
         head(g, D, g->final_norm, start, B, n, logits, all_logits, hidden);
     }
@@ -3259,6 +3308,28 @@ extern "C" void gpu_forward_hidden(GpuModel *g, int pos, const int *tokens, int 
 
 extern "C" void gpu_forward(GpuModel *g, int pos, const int *tokens, int n, float *logits, int all_logits) {
     gpu_forward_hidden(g, pos, tokens, n, logits, all_logits, NULL);
+}
+
+/* One decode step of n sequences at once (glm serve's batch; glm.c forward_batch with
+ * one row each): row i is tokens[i] at position pos[i] of the sequence in cache slot
+ * slot[i]. Every weight is read once for all rows; each row's RoPE, cache rows and
+ * attention use its own slot. logits [n][V] (host). A row's logits are bit for bit those
+ * it gets alone: the few-token products sum each row as the one-token ones do, and each
+ * sequence's attention runs as its own launch. */
+extern "C" void gpu_forward_rows(GpuModel *g, const int *slot, const int *pos, const int *tokens, int n, float *logits) {
+    static_assert(GPU_BATCH_MAX == GEMV_MAXN, "glm.h's GPU_BATCH_MAX is GEMV_MAXN");
+    GSpan sp[GEMV_MAXN];
+    if (n < 1 || n > GEMV_MAXN || n > g->cap) glm_fatal("gpu_forward_rows: %d rows (1..%d)", n, GEMV_MAXN < g->cap ? GEMV_MAXN : g->cap);
+    for (int i = 0; i < n; i++) {
+        if (slot[i] < 0 || slot[i] >= g->slots) glm_fatal("gpu_forward_rows: slot %d of %d", slot[i], g->slots);
+        if (pos[i] < 0 || pos[i] >= g->ctx) glm_fatal("--ctx %d: no room for a token at position %d", g->ctx, pos[i]);
+        sp[i] = (GSpan){i, 1, pos[i], slot[i]};
+    }
+    CHECK(hipSetDevice(0));
+    CHECK(hipMemcpy(g->dev[0].tokens, tokens, (size_t)n * sizeof(int), hipMemcpyHostToDevice));
+    GDev *D = run_layers(g, n, sp, n);
+    head(g, D, g->final_norm, 0, n, n, logits, 1, NULL);
+    CHECK(hipGetLastError());
 }
 
 /* The MTP layer (glm.c mtp_forward_hidden) at its rows mtp_pos.. for n rows, on the
@@ -3305,7 +3376,8 @@ static void mtp_rows(GpuModel *g, int mtp_pos, const float *hidden, const int *n
             shared_layer.has_indexer = 0;
             L = &shared_layer;
         }
-        layer_forward(g, D, L, g->m->mtp->layer.dense, B, mtp_pos + start, 0);
+        const GSpan one = {0, B, mtp_pos + start, 0}; /* the MTP layer's cache: one slot */
+        layer_forward(g, D, L, g->m->mtp->layer.dense, B, &one, 1, 0);
         residual_add(g, D, B);
         if (keep && start + B == n) { /* the MTP layer is always "full": its indexer just chose D->sel */
             CHECK(hipMemcpy(&keep->n_sel, D->n_sel + (B - 1), sizeof(int), hipMemcpyDeviceToHost));
@@ -3578,7 +3650,8 @@ extern "C" void gpuk_attention(GpuModel *g, int layer, const float *a, int n, in
     const Config *c = &g->c;
     CHECK(hipSetDevice(D->id));
     CHECK(hipMemcpy(D->a, a, (size_t)n * c->hidden * 4, hipMemcpyHostToDevice));
-    attention(g, D, &g->layers[layer], n, pos0);
+    const GSpan one = {0, n, pos0, 0};
+    attention(g, D, &g->layers[layer], n, &one, 1);
     host_copy(out, D->out, (size_t)n * c->hidden * 4);
     host_copy(sel, D->sel, (size_t)n * c->index_topk * 4);
     host_copy(n_sel, D->n_sel, (size_t)n * 4);

@@ -31,6 +31,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -82,9 +83,10 @@ static const char SERVE_USAGE[] =
     "  --tokenizer FILE  tokenizer.json (default DIR/tokenizer.json)\n"
     "  --draft N         speculative decoding: N tokens (0-" DRAFT_MAX_STR ") drafted per step by the MTP layer\n"
     "                    for each sequence, verified together (default: as glm run's; needs the MTP layer)\n"
-    "  --gpu, --gpus N   run on N GPUs (builds with GPU support): one sequence at a time; the GPU path\n"
-    "                    keeps one KV cache, on the devices, and a prompt reuses the whole --chunk\n"
-    "                    chunks it shares with the last prompt instead of the prefix cache\n"
+    "  --gpu, --gpus N   run on N GPUs (builds with GPU support): --parallel sequences (default 1, at\n"
+    "                    most 8 decoding at once; 1 with --draft), each with its KV cache rows on the\n"
+    "                    devices, where a prompt reuses the whole --chunk chunks it shares with its\n"
+    "                    slot's last prompt (there is no prefix cache)\n"
     "  -t N              threads (default: one per core)\n"
     "  --bf16 / --fp32   activations of the weight products (default bf16; GLM_PRECISION)\n"
     "  -h, --help        this text\n"
@@ -335,6 +337,11 @@ typedef struct {
     Speculator spec;          /* --draft: the drafts, the MTP layer's catch-up, the rollback */
     float *ends_h;            /* --draft: [chunk / CACHE_BLOCK + 2][H] the hidden states at the block ends */
     int ends_first;           /*   of the prompt chunk just run; ends_h[0]'s position */
+    /* --gpu: the slot's cache rows stay on the devices between jobs: its last job's whole
+     * prompt chunks (gpu_tokens[0 .. gpu_whole)) serve a next prompt that starts with
+     * them, in place of the prefix cache */
+    int *gpu_tokens, gpu_whole;
+    float *gpu_ends_h;        /* --draft: [ctx / chunk][H] the hidden state at each whole chunk's last position */
 } Slot;
 
 typedef struct {
@@ -348,11 +355,6 @@ typedef struct {
     float *logits;            /* [parallel * (drafts + 1)][V] */
     float *scratch;           /* [V] one row of logits kept while sample() overwrites it */
     PrefixCache cache;
-    /* --gpu: the devices hold one sequence's cache, which stays between jobs: the last
-     * job's whole prompt chunks (gpu_tokens[0 .. gpu_whole)) serve a next prompt that
-     * starts with them, in place of the prefix cache */
-    int *gpu_tokens, gpu_whole;
-    float *gpu_ends_h;        /* --draft: [ctx / chunk][H] the hidden state at each whole chunk's last position */
     int *script, n_script;    /* GLM_SERVE_SCRIPT (tests): every request "generates" these ids, then end of sequence */
     pthread_mutex_t mu;
     pthread_cond_t wake;      /* the engine: a job was queued or cancelled */
@@ -360,6 +362,7 @@ typedef struct {
     Job *queue_head, *queue_tail;
     int queued, n_conns;
     long next_id, next_ticket;
+    long decode_steps, decode_seqs; /* engine steps that decoded, and the sequences they decoded (the log at shutdown) */
     int listen_fd;
 } Server;
 
@@ -389,33 +392,47 @@ static void job_finish(Slot *sl, Job *j, const char *why) {
     if (sl) sl->job = NULL;
 }
 
-/* --gpu: the part of job j's prompt that the devices' cache still holds from the last
- * job, in whole chunks (a whole chunk's rows are what the new prompt's own chunk would
- * compute, as with the prefix cache), and not the last token: its logits are needed. */
-static int gpu_prefix(const Job *j) {
+/* --gpu: the part of job j's prompt that slot sl's cache rows on the devices still hold
+ * from its last job, in whole chunks (a whole chunk's rows are what the new prompt's own
+ * chunk would compute, as with the prefix cache), and not the last token: its logits are
+ * needed. */
+static int gpu_prefix(const Slot *sl, const Job *j) {
     const int C = g.args.chunk;
     int n = 0;
-    while (n < g.gpu_whole && n < j->n_prompt - 1 && g.gpu_tokens[n] == j->prompt[n]) n++;
+    while (n < sl->gpu_whole && n < j->n_prompt - 1 && sl->gpu_tokens[n] == j->prompt[n]) n++;
     return n / C * C;
 }
 
 /* --gpu: a prompt chunk of B rows ending at position end just ran; a whole chunk that
- * extends the reusable prefix joins it (with drafts, with its last row's hidden state,
- * which a job resuming there needs as the MTP layer's pending h). */
+ * extends the slot's reusable prefix joins it (with drafts, with its last row's hidden
+ * state, which a job resuming there needs as the MTP layer's pending h). */
 static void gpu_keep_chunk(Slot *sl, int B, int end) {
     const int C = g.args.chunk, H = g.S.model.cfg.hidden;
-    if (B != C || end % C || end - B != g.gpu_whole) return;
-    memcpy(g.gpu_tokens + end - B, sl->job->prompt + end - B, (size_t)B * sizeof(int));
-    if (g.drafts) memcpy(g.gpu_ends_h + (size_t)(end / C - 1) * H, spec_pending_end(&sl->spec) + (size_t)(B - 1) * H, (size_t)H * sizeof(float));
-    g.gpu_whole = end;
+    if (B != C || end % C || end - B != sl->gpu_whole) return;
+    memcpy(sl->gpu_tokens + end - B, sl->job->prompt + end - B, (size_t)B * sizeof(int));
+    if (g.drafts) memcpy(sl->gpu_ends_h + (size_t)(end / C - 1) * H, spec_pending_end(&sl->spec) + (size_t)(B - 1) * H, (size_t)H * sizeof(float));
+    sl->gpu_whole = end;
+}
+
+/* The free slot for job j: the first one, or with --gpu the one whose cache rows on the
+ * devices hold the longest part of its prompt; -1: none is free. */
+static int pick_slot(const Job *j) {
+    int best = -1, best_n = -1;
+    for (int i = 0; i < g.args.parallel; i++) {
+        if (g.slot[i].job) continue;
+        if (!g.S.gpu) return i;
+        const int n = gpu_prefix(&g.slot[i], j);
+        if (n > best_n) { best = i; best_n = n; }
+    }
+    return best;
 }
 
 /* Under g.mu: free slots take queued jobs, each starting from the longest prefix the
- * cache holds in whole chunks (--gpu: that the devices still hold). */
+ * cache holds in whole chunks (--gpu: that the slot's rows on the devices hold). */
 static void admit(void) {
-    for (int i = 0; i < g.args.parallel && g.queue_head; i++) {
+    int i;
+    while (g.queue_head && (i = pick_slot(g.queue_head)) >= 0) {
         Slot *sl = &g.slot[i];
-        if (sl->job) continue;
         Job *j = g.queue_head;
         g.queue_head = j->next;
         if (!g.queue_head) g.queue_tail = NULL;
@@ -427,9 +444,9 @@ static void admit(void) {
          * logits are needed */
         int hit;
         if (g.S.gpu) {
-            hit = gpu_prefix(j);
-            g.gpu_whole = hit; /* the job overwrites the rest */
-            if (g.drafts) spec_resume(&sl->spec, j->prompt, j->n_prompt, hit, hit ? g.gpu_ends_h + (size_t)(hit / g.args.chunk - 1) * g.S.model.cfg.hidden : NULL);
+            hit = gpu_prefix(sl, j);
+            sl->gpu_whole = hit; /* the job overwrites the rest */
+            if (g.drafts) spec_resume(&sl->spec, j->prompt, j->n_prompt, hit, hit ? sl->gpu_ends_h + (size_t)(hit / g.args.chunk - 1) * g.S.model.cfg.hidden : NULL);
         } else {
             const int unit = g.args.cache_unit;
             hit = cache_match(&g.cache, j->prompt, j->n_prompt - 1) / unit * unit;
@@ -501,13 +518,30 @@ static void take_token(Slot *sl, int tok, float logprob) {
     if (j->n_out >= j->max_tokens) job_finish(sl, j, "length");
 }
 
-/* forward_batch, or with --gpu the GPU path's forward for the one sequence it serves
+#ifdef GLM_GPU
+/* The slot whose cache a SeqTokens extends. */
+static int slot_of(const SeqTokens *q) { return (int)((const Slot *)((const char *)q->kv - offsetof(Slot, kv)) - g.slot); }
+#endif
+
+/* forward_batch, or with --gpu the GPU path's: the decodes of several sequences (one
+ * token each) as one gpu_forward_rows, else each sequence's forward on its cache slot
  * (its cache position is the host's kv.pos, as in session_forward). logits gets what
  * forward_batch writes: every row of a sequence with all_logits, else its last. */
 static void run_batch(const SeqTokens *seq, int n_seq, float *logits) {
 #ifdef GLM_GPU
     if (g.S.gpu) {
+        int one_each = n_seq > 1, slot[GPU_BATCH_MAX], pos[GPU_BATCH_MAX], tok[GPU_BATCH_MAX];
+        for (int i = 0; i < n_seq && one_each; i++) {
+            one_each = seq[i].n == 1 && !seq[i].all_logits && !seq[i].hidden;
+            if (one_each) { slot[i] = slot_of(&seq[i]); pos[i] = seq[i].kv->pos; tok[i] = seq[i].tokens[0]; }
+        }
+        if (one_each) {
+            gpu_forward_rows(g.S.gpu, slot, pos, tok, n_seq, logits);
+            for (int i = 0; i < n_seq; i++) seq[i].kv->pos++;
+            return;
+        }
         for (int i = 0; i < n_seq; i++) {
+            gpu_use_slot(g.S.gpu, slot_of(&seq[i]));
             gpu_forward_hidden(g.S.gpu, seq[i].kv->pos, seq[i].tokens, seq[i].n, logits, seq[i].all_logits, seq[i].hidden);
             seq[i].kv->pos += seq[i].n;
             logits += (size_t)(seq[i].all_logits ? seq[i].n : 1) * g.S.model.cfg.vocab_size;
@@ -522,10 +556,10 @@ static void run_batch(const SeqTokens *seq, int n_seq, float *logits) {
  * forward_batch: within it every row computes as a lone token's (a larger batch would
  * switch the products to the prompt's kernels). */
 static void run_decodes(const SeqTokens *seq, int n_seq, float *logits) {
-    const int V = g.S.model.cfg.vocab_size;
+    const int V = g.S.model.cfg.vocab_size, most = g.S.gpu ? GPU_BATCH_MAX : MATVEC_MAX_TOKENS;
     for (int i = 0; i < n_seq;) {
         int n = 0, rows = 0;
-        while (i + n < n_seq && (n == 0 || rows + seq[i + n].n <= MATVEC_MAX_TOKENS)) rows += seq[i + n++].n;
+        while (i + n < n_seq && (n == 0 || rows + seq[i + n].n <= most)) rows += seq[i + n++].n;
         run_batch(seq + i, n, logits);
         for (int k = 0; k < n; k++) logits += (size_t)(seq[i + k].all_logits ? seq[i + k].n : 1) * V;
         i += n;
@@ -581,7 +615,11 @@ static int engine_step(void) {
     }
     if (!n_seq) return 0;
     float *prompt_logits = g.logits + (size_t)rows * V;
-    if (n_decode) run_decodes(seq, n_decode, g.logits);
+    if (n_decode) {
+        run_decodes(seq, n_decode, g.logits);
+        g.decode_steps++;
+        g.decode_seqs += n_decode;
+    }
     if (n_seq > n_decode) {
         Slot *sl = &g.slot[best];
         run_batch(seq + n_decode, 1, prompt_logits);
@@ -1344,10 +1382,12 @@ static void serve_start(ServeArgs *a) {
         glm_fatal("--tokenizer: %d ids but the model's vocab_size is %d", tokenizer_vocab_size(g.tok), c->vocab_size);
     if (a->n_gpus) {
 #ifdef GLM_GPU
-        if (a->parallel > 1) fprintf(stderr, "serve: --parallel %d: the GPU path runs one sequence at a time; using 1\n", a->parallel);
-        a->parallel = 1;
+        /* every slot's cache rows on the devices (one by default: --parallel sets more);
+         * with drafts one sequence at a time, as the MTP layer's cache has one slot */
+        if (a->draft > 0 && a->parallel > 1) fprintf(stderr, "serve: --parallel %d: --draft on the GPU path runs one sequence at a time; using 1\n", a->parallel);
+        if (!a->parallel || a->draft > 0) a->parallel = 1;
         a->cache_mb = 0;
-        g.S.gpu = gpu_load(&g.S.model, a->n_gpus, a->ctx);
+        g.S.gpu = gpu_load_slots(&g.S.model, a->n_gpus, a->ctx, a->parallel);
 #else
         glm_fatal("--gpu: this glm was built without GPU support (build it with make hip, make cuda or make emu)");
 #endif
@@ -1393,9 +1433,9 @@ static void serve_start(ServeArgs *a) {
         if (g.drafts) sl->ends_h = xmalloc(((size_t)a->chunk / CACHE_BLOCK + 2) * c->hidden * sizeof(float));
     }
     g.logits = xmalloc(((size_t)a->parallel * (g.drafts + 1) + 1) * c->vocab_size * sizeof(float));
-    if (g.S.gpu) {
-        g.gpu_tokens = xmalloc((size_t)a->ctx * sizeof(int));
-        if (g.drafts) g.gpu_ends_h = xmalloc(((size_t)a->ctx / a->chunk + 1) * c->hidden * sizeof(float));
+    for (int i = 0; g.S.gpu && i < a->parallel; i++) {
+        g.slot[i].gpu_tokens = xmalloc((size_t)a->ctx * sizeof(int));
+        if (g.drafts) g.slot[i].gpu_ends_h = xmalloc(((size_t)a->ctx / a->chunk + 1) * c->hidden * sizeof(float));
     }
     g.scratch = xmalloc((size_t)c->vocab_size * sizeof(float));
     cache_init(&g.cache, &g.S.model, (size_t)(a->cache_mb * 1048576.0), g.drafts > 0);
@@ -1405,8 +1445,9 @@ static void serve_start(ServeArgs *a) {
     fprintf(stderr, "glm: %s: %d layers, %.2f GB of weights, loaded in %.2f s; %s kernels, %s products\n", a->model_dir, c->n_layers,
             g.S.model.weight_bytes / 1e9, now_s() - t0, ops.name, ops.precision);
     if (g.S.gpu)
-        fprintf(stderr, "serve: 1 sequence at a time on the GPU path, %d tokens of context (KV cache on the devices); a prompt reuses "
-                        "the whole %d-token chunks it shares with the last one\n", a->ctx, a->chunk);
+        fprintf(stderr, "serve: %d sequence(s) x %d tokens of context on the GPU path (KV cache on the devices; their decodes as one step, "
+                        "their prompts one at a time); a prompt reuses the whole %d-token chunks it shares with its slot's last one\n",
+                a->parallel, a->ctx, a->chunk);
     else
         fprintf(stderr, "serve: %d sequences x %d tokens of context = %.1f MiB of KV cache; prefix cache %.1f MiB (%d blocks of %d tokens); "
                         "prompt chunks of %d tokens\n",
@@ -1424,12 +1465,12 @@ static void serve_stop(void) {
         sampler_free(&g.slot[i].sp);
         spec_close(&g.slot[i].spec);
         free(g.slot[i].ends_h);
+        free(g.slot[i].gpu_tokens);
+        free(g.slot[i].gpu_ends_h);
     }
     free(g.slot);
     free(g.logits);
     free(g.scratch);
-    free(g.gpu_tokens);
-    free(g.gpu_ends_h);
     free(g.script);
     cache_free(&g.cache);
     runstate_free(&g.S.state);
@@ -1482,6 +1523,7 @@ int serve_main(int argc, char **argv) {
     pthread_mutex_unlock(&g.mu);
     if (left) { fprintf(stderr, "serve: %d connections still open after 10 s; exiting\n", left); return 0; }
     serve_stop();
+    if (g.decode_steps) fprintf(stderr, "serve: %ld decode steps, %.2f sequences per step\n", g.decode_steps, (double)g.decode_seqs / g.decode_steps);
     fprintf(stderr, "serve: stopped\n");
     return 0;
 }

@@ -26,8 +26,9 @@
 #   - decode (and --draft verify) steps as graphs: logits bit-identical to GLM_GPU_GRAPH=0, recaptured only when the
 #     launch shapes change (the emulator records a capture and dies on a synchronous call in it, and on
 #     work sent to another device's stream); with --gpus 2 and 3 a graph per device, the same logits;
-#   - serve --gpu --draft 2: a completion's greedy tokens are glm run's; a prompt reuses the whole chunks
-#     it shares with the last one from the device cache, with the same output as on a fresh server;
+#   - serve --gpu: --parallel 2 decodes two requests as one step, each with the output it gets alone; a
+#     prompt reuses the whole chunks it shares with its slot's last one from the device cache, with the
+#     output it gets afresh; --draft 2 gives glm run's greedy tokens;
 #   - the emulator runs a launch's blocks in a shuffled order, and GLM_EMU_RACECHECK=1 (each launch run
 #     again with its blocks reversed) catches a block that reads another's writes: its self-test, then
 #     the whole forward, graphs, sampling and --draft under the check;
@@ -265,42 +266,55 @@ for args in "--temp 1 --top-p 0.9 --seed 7" "--temp 0.8 --top-p 1 --seed 3"; do
     else bad "run --gpu --draft 2 $args" "CPU '$a' vs GPU '$b'"; fi
 done
 
-section "glm serve --gpu --draft 2"
-# --- glm serve --gpu --draft 2: the engine's GPU branch (prompt chunks, verify steps, MTP drafts) ---
-# and its prefix reuse: a synth checkpoint (the real vocabulary, which the server's tokenizer needs:
-# its lm_head makes every emulated step slow, hence short prompts) with the MTP layer, --chunk 16.
-# Prompt A (34 ids), then B (A's first 33 ids and 2 others) reuses A's two whole chunks from the
-# device cache (cached_tokens 32) and gets the same text and log-probabilities as B on a fresh
-# server, which are glm run's greedy tokens (the log counts the drafts).
+section "glm serve --gpu"
+# --- glm serve --gpu: the engine's GPU branch ------------------------------------------------------
+# A synth checkpoint (the real vocabulary, which the server's tokenizer needs: its lm_head makes every
+# emulated step slow, hence short prompts) with the MTP layer, --chunk 16. Server 1, --parallel 2: two
+# requests at once decode as one step (gpu_forward_rows, each slot's own cache rows) and get the text and
+# log-probabilities each gets alone afterwards, bit for bit; prompt A (34 ids), then B (A's first 33 ids
+# and 2 others) reuses A's two whole chunks from A's slot (cached_tokens 32). Server 2, --draft 2: B
+# computed afresh with drafts has B's output on server 1 (drafts change no bit) and glm run's tokens.
 . tests/tokenizer_json.sh
 if need_tokenizer && "$CPU" synth "$OUT/srv" --tiny --mtp --seed 5 --tokenizer "$TOK" >/dev/null 2>&1; then
-    A=$(seq -s, 11 44); B="$(seq -s, 11 43),60,61"
+    A=$(seq -s, 11 44); B="$(seq -s, 11 43),60,61"; P1=$(seq -s, 11 20); P2=$(seq -s, 31 37)
     want=$("$CPU" run -m "$OUT/srv" --ids "$B" -n 3 --temp 0 2>/dev/null | tr -s ' \n' ',' | sed 's/^,//; s/,$//')
     want=$("$CPU" tokenize --decode -m "$OUT/srv" "$want" 2>/dev/null | $PY -c "import sys; print(repr(sys.stdin.read().rstrip(chr(10))))")
-    serve_reqs() { # server log, prompts...: one line per completion: cached tokens, text, log-probabilities
-        local log=$1 port=$((20000 + RANDOM % 20000)) spid p; shift
-        ./glm_emu64 serve --gpu -m "$OUT/srv" --port $port --chunk 16 --draft 2 >"$log" 2>&1 &
+    start_server() { # log, flags...: sets port, spid
+        local log=$1; shift
+        port=$((20000 + RANDOM % 20000))
+        ./glm_emu64 serve --gpu -m "$OUT/srv" --port $port --chunk 16 "$@" >"$log" 2>&1 &
         spid=$!
         for _ in $(seq 200); do grep -q '^serve: listening' "$log" && break; kill -0 $spid 2>/dev/null || break; sleep 0.05; done
-        for p in "$@"; do
-            curl -sS --max-time 120 "http://127.0.0.1:$port/v1/completions" -H 'Content-Type: application/json' \
-                -d "{\"prompt\":[$p],\"max_tokens\":3,\"temperature\":0,\"ignore_eos\":true,\"logprobs\":1}" 2>>"$log" |
-                $PY -c "import json,sys; j=json.load(sys.stdin); c=j['choices'][0]; print(j['usage']['prompt_tokens_details']['cached_tokens'], repr(c['text'].rstrip(chr(10))), c['logprobs']['token_logprobs'], sep=chr(9))" 2>>"$log"
-        done
-        kill $spid 2>/dev/null; wait $spid 2>/dev/null
     }
-    reuse=$(serve_reqs "$OUT/serve_gpu_1.log" "$A" "$B" | tail -n 1)
-    fresh=$(serve_reqs "$OUT/serve_gpu_2.log" "$B")
+    one() { # prompt: cached tokens, text, log-probabilities (tab-separated)
+        curl -sS --max-time 120 "http://127.0.0.1:$port/v1/completions" -H 'Content-Type: application/json' \
+            -d "{\"prompt\":[$1],\"max_tokens\":3,\"temperature\":0,\"ignore_eos\":true,\"logprobs\":1}" 2>>"$OUT/serve_gpu.err" |
+            $PY -c "import json,sys; j=json.load(sys.stdin); c=j['choices'][0]; print(j['usage']['prompt_tokens_details']['cached_tokens'], repr(c['text'].rstrip(chr(10))), c['logprobs']['token_logprobs'], sep=chr(9))" 2>>"$OUT/serve_gpu.err"
+    }
+    start_server "$OUT/serve_gpu_1.log" --parallel 2
+    one "$P1" >"$OUT/par1" & c1=$!
+    one "$P2" >"$OUT/par2" & c2=$!
+    wait $c1 $c2
+    one "$A" >/dev/null; reuse=$(one "$B")
+    alone1=$(one "$P1"); alone2=$(one "$P2")
+    kill $spid 2>/dev/null; wait $spid 2>/dev/null
+    per=$(sed -n 's/^serve: [0-9]* decode steps, \([0-9.]*\) sequences per step$/\1/p' "$OUT/serve_gpu_1.log")
+    if [ -n "$alone1" ] && [ "$(cut -f2- "$OUT/par1")" = "$(echo "$alone1" | cut -f2-)" ] && [ "$(cut -f2- "$OUT/par2")" = "$(echo "$alone2" | cut -f2-)" ] &&
+       $PY -c "import sys; sys.exit(not float('${per:-0}') > 1)"; then
+        ok "serve --gpu --parallel 2: two requests decode together ($per sequences per step) with each one's text and log-probabilities alone"
+    else bad "serve --gpu --parallel 2" "together '$(cat "$OUT/par1")' / '$(cat "$OUT/par2")', alone '$alone1' / '$alone2', $per per step ($(tail -n 2 "$OUT/serve_gpu_1.log" | tr '\n' ' '))"; fi
+    start_server "$OUT/serve_gpu_2.log" --draft 2
+    fresh=$(one "$B")
+    kill $spid 2>/dev/null; wait $spid 2>/dev/null
     drafted=$(sed -n 's/.* drafts \([0-9]*\)\/\([0-9]*\) accepted.*/\2/p' "$OUT/serve_gpu_2.log")
-    d1=$(grep -o 'drafts [0-9]*/[0-9]* accepted' "$OUT/serve_gpu_1.log" | tail -n 1); d2=$(grep -o 'drafts [0-9]*/[0-9]* accepted' "$OUT/serve_gpu_2.log")
     IFS=$'\t' read -r f_cached f_text f_lp <<<"$fresh"
     IFS=$'\t' read -r r_cached r_text r_lp <<<"$reuse"
     if [ -n "$want" ] && [ "$f_cached" = 0 ] && [ "$f_text" = "$want" ] && [ "${drafted:-0}" -gt 0 ]; then
         ok "serve --gpu --draft 2 (glm_emu64): glm run's greedy tokens ($drafted drafts)"
     else bad "serve --gpu --draft 2" "glm run '$want', serve '$fresh' ($(grep -v '^serve: listening' "$OUT/serve_gpu_2.log" | tail -n 2 | tr '\n' ' '))"; fi
-    if [ -n "$f_lp" ] && [ "$r_cached" = 32 ] && [ "$r_text" = "$f_text" ] && [ "$r_lp" = "$f_lp" ] && [ "$d1" = "$d2" ]; then
-        ok "serve --gpu: a prompt reuses the 2 whole chunks it shares with the last one (cached_tokens 32): the same text, log-probabilities and drafts as on a fresh server"
-    else bad "serve --gpu prefix reuse" "after A: '$reuse' ($d1), fresh: '$fresh' ($d2)"; fi
+    if [ -n "$f_lp" ] && [ "$r_cached" = 32 ] && [ "$r_text" = "$f_text" ] && [ "$r_lp" = "$f_lp" ]; then
+        ok "serve --gpu: a prompt reuses the 2 whole chunks it shares with its slot's last one (cached_tokens 32), with the text and log-probabilities it gets afresh (with drafts)"
+    else bad "serve --gpu prefix reuse" "reused: '$reuse', afresh: '$fresh'"; fi
 else bad "serve --gpu" "no tokenizer.json or synth failed: ${TOK_WHY:-}"; fi
 
 section "decode steps as graphs (graph_step)"

@@ -50,7 +50,7 @@
 typedef struct {
     const char *model_dir, *host, *api_key, *tokenizer, *alias;
     int port, ctx, parallel, chunk, queue, threads, bf16;
-    int n_gpus;               /* --gpu / --gpus N: the GPU path (one sequence at a time) */
+    int n_gpus;               /* --gpu / --gpus N: the GPU path (its caches on the devices) */
     int draft;                /* --draft N: MTP drafts per step and sequence; -1 = the backend's default */
     int cache_unit;           /* cache hits are multiples of this: lcm(chunk, CACHE_BLOCK) */
     double cache_mb;          /* prefix cache budget; < 0 = sized from memory */

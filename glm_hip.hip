@@ -135,6 +135,9 @@ __device__ __forceinline__ int shfl_xor_any(int v, int m) { return shfl_xor_i32(
 static long g_launches, g_graph_launches, g_graph_captures;
 static hipStream_t g_stream;
 static const int *g_pos_dev;
+/* While a step is captured, the device copy of its i-th sequence's position; else NULL
+ * (the kernels take the host's). */
+static const int *span_pos_dev(int i) { return g_pos_dev ? g_pos_dev + i : NULL; }
 #define LAUNCHED(k, grid, block, shmem, stream, ...) do { g_launches++; (void)(stream); LAUNCH(k, grid, block, shmem, g_stream, __VA_ARGS__); } while (0)
 
 /* Which kernels run where a fast kernel sits beside its plain one: the plain ones are
@@ -2314,7 +2317,7 @@ struct GDev {            /* one device: its layer range, weights, cache and a Ru
     float *split_part;   /* [split_part_floats] the split products' partial sums (k_gemv_fast) */
     unsigned *split_count; /* [GF_COUNTS] their arrival counters, kept at 0 between launches */
     hipStream_t stream;  /* (with graphs) where this device's share of a step is captured and launched */
-    int *pos_dev;        /* [1] (with graphs) the step's position, which the captured kernels read */
+    int *pos_dev;        /* [GEMV_MAXN] (with graphs) each sequence's position in the step, which the captured kernels read */
 };
 
 struct GMtp {            /* the MTP layer (glm.h Mtp) on the last device, its cache rows in that device's KV arena */
@@ -2323,7 +2326,7 @@ struct GMtp {            /* the MTP layer (glm.h Mtp) on the last device, its ca
     float *enorm, *hnorm, *head_norm;
 };
 
-#define GRAPH_KEY (5 + 2 * GPU_MAX_DEVICES) /* tokens, indexer grid, all_logits, hidden, cache slot, each device's attention slices and length */
+#define GRAPH_KEY (4 + GEMV_MAXN * (3 + 2 * GPU_MAX_DEVICES)) /* rows, sequences, all_logits, hidden; per sequence: graph_key */
 #define GRAPH_CACHE 4    /* captured steps kept: a decode step and --draft's verify step alternate */
 struct GpuGraph {        /* one step's shapes, captured: a graph per device */
     hipGraphExec_t exec[GPU_MAX_DEVICES]; /* exec[0] NULL: unused */
@@ -2850,7 +2853,7 @@ extern "C" GpuModel *gpu_load_slots(const Model *m, int n_gpus, int ctx, int slo
     for (int d = 0; g->graphs && d < n_gpus; d++) {
         CHECK(hipSetDevice(d)); /* a stream belongs to the device current when it is made */
         CHECK(hipStreamCreate(&g->dev[d].stream));
-        CHECK(hipMalloc((void **)&g->dev[d].pos_dev, sizeof(int)));
+        CHECK(hipMalloc((void **)&g->dev[d].pos_dev, GEMV_MAXN * sizeof(int)));
     }
     CHECK(hipSetDevice(0));
     return g;
@@ -2953,16 +2956,16 @@ static void indexer_select(GpuModel *g, GDev *D, const GLayer *L, int B, const G
         const int t0 = sp[i].start, n = sp[i].n, pos0 = sp[i].pos, vmax = pos0 + n;
         float *q = D->ix_q + (size_t)t0 * IH * ID, *scores = D->ix_scores + (size_t)t0 * g->ctx, *keys = slot_index_k(g, L, sp[i].slot);
         const float *w = D->ix_w + (size_t)t0 * IH;
-        LAUNCHED(k_rope, dim3(n), dim3(BLOCK), 0, 0, q, IH * ID, IH, ID, 0, c->qk_rope, pos0, (const float *)D->rope, g_pos_dev);
+        LAUNCHED(k_rope, dim3(n), dim3(BLOCK), 0, 0, q, IH * ID, IH, ID, 0, c->qk_rope, pos0, (const float *)D->rope, span_pos_dev(i));
         LAUNCHED(k_ix_key, dim3(n), dim3(BLOCK), 0, 0, keys, (const float *)D->ix_k + (size_t)t0 * ID, (const float *)L->ix_knorm_w,
-                 (const float *)L->ix_knorm_b, ID, c->qk_rope, pos0, (const float *)D->rope, g_pos_dev);
+                 (const float *)L->ix_knorm_b, ID, c->qk_rope, pos0, (const float *)D->rope, span_pos_dev(i));
         if (vmax > K && ix_tiled(c))
             LAUNCHED(k_ix_scores_tiled, dim3(ix_key_blocks(c, vmax), (n + IX_TOKENS - 1) / IX_TOKENS), dim3(BLOCK), 0, 0, scores, g->ctx, (const float *)q, w,
-                     (const float *)keys, IH, ID, K, pos0, n, g_pos_dev);
+                     (const float *)keys, IH, ID, K, pos0, n, span_pos_dev(i));
         else if (vmax > K)
             LAUNCHED(k_ix_scores, dim3(ix_key_blocks(c, vmax), n), dim3(BLOCK), 0, 0, scores, g->ctx, (const float *)q, w, (const float *)keys, IH, ID, K, pos0,
-                     g_pos_dev);
-        LAUNCHED(k_topk, dim3(n), dim3(BLOCK), 0, 0, (const float *)scores, g->ctx, K, pos0, D->sel + (size_t)t0 * K, D->n_sel + t0, g_pos_dev);
+                     span_pos_dev(i));
+        LAUNCHED(k_topk, dim3(n), dim3(BLOCK), 0, 0, (const float *)scores, g->ctx, K, pos0, D->sel + (size_t)t0 * K, D->n_sel + t0, span_pos_dev(i));
     }
 }
 
@@ -3028,7 +3031,7 @@ static void attention(GpuModel *g, GDev *D, const GLayer *L, int B, const GSpan 
     for (int i = 0; i < n_sp; i++)
         LAUNCHED(k_rope_q_kv_append, dim3(sp[i].n), dim3(BLOCK), 0, 0, D->q + (size_t)sp[i].start * NH * (DN + DR), NH * (DN + DR), NH, DN + DR, DN,
                  slot_latent(g, L, sp[i].slot), (const float *)D->ckv + (size_t)sp[i].start * AD, (const float *)L->kv_a_norm, c->kv_lora_rank, DR,
-                 sp[i].pos, (const float *)D->rope, g_pos_dev);
+                 sp[i].pos, (const float *)D->rope, span_pos_dev(i));
     if (L->has_indexer) indexer_select(g, D, L, B, sp, n_sp);
     /* a shared layer keeps D->sel from the last full layer (IndexShare, §3.6) */
     mla_attend_absorbed(g, D, L, B, sp, n_sp);
@@ -3211,41 +3214,48 @@ static GDev *run_layers(GpuModel *g, int B, const GSpan *sp, int n_sp) {
     return &g->dev[g->n_dev - 1];
 }
 
-/* What a step of n tokens at position pos launches that depends on n and pos: the
- * products' and MLP's kernels (n), the indexer's scoring grid (none before the context
- * passes index_topk), what the head copies out, the cache slot, and each device's
- * attention slice count and length (from its compute units). A captured step replays while these stay the
- * same; everything else it needs of pos, the kernels read from the device's pos_dev. */
-static void graph_key(GpuModel *g, int n, int pos, int all_logits, int hidden, int key[GRAPH_KEY]) {
+/* What a step launches that depends on its sequences (sp[0..n_sp), B rows) beyond what
+ * the kernels read from device memory: the row count, the products' and MLP's kernels,
+ * what the head copies out, and per sequence its row count and cache slot (the cache rows'
+ * addresses), the indexer's scoring grid (none before the context passes index_topk) and
+ * each device's attention slice count and length (from its compute units). A captured
+ * step replays while these stay the same; the positions the kernels read from pos_dev. */
+static void graph_key(GpuModel *g, const GSpan *sp, int n_sp, int B, int all_logits, int hidden, int key[GRAPH_KEY]) {
     const Config *c = &g->c;
-    const int K = c->index_topk, vmax = pos + n;
+    const int K = c->index_topk;
     memset(key, 0, GRAPH_KEY * sizeof(int));
-    key[0] = n;
-    key[1] = vmax > K ? (int)ix_key_blocks(c, vmax) : 0;
+    key[0] = B;
+    key[1] = n_sp;
     key[2] = all_logits;
     key[3] = hidden;
-    key[4] = g->slot; /* its cache rows' addresses */
-    for (int d = 0; d < g->n_dev && mla_fast(c); d++) key[5 + 2 * d] = mla_slices(device_cus(d), n, vmax < K ? vmax : K, &key[6 + 2 * d]);
+    for (int i = 0; i < n_sp; i++) {
+        int *k = key + 4 + i * (3 + 2 * GPU_MAX_DEVICES);
+        const int vmax = sp[i].pos + sp[i].n;
+        k[0] = sp[i].n;
+        k[1] = sp[i].slot;
+        k[2] = vmax > K ? (int)ix_key_blocks(c, vmax) : 0;
+        for (int d = 0; d < g->n_dev && mla_fast(c); d++) k[3 + 2 * d] = mla_slices(device_cus(d), sp[i].n, vmax < K ? vmax : K, &k[4 + 2 * d]);
+    }
 }
 
-/* A decode step, or --draft's verify step (n <= GEMV_MAXN tokens, the fast kernels), as
+/* A decode step, --draft's verify step (up to GEMV_MAXN tokens of one sequence) or glm
+ * serve's decode step of several sequences (one token each), with the fast kernels, as
  * one graph launch per device instead of ~18 launches per layer. Each device's share
- * (device_layers; the last one's also head_rows) is captured once on its own stream,
- * the kernels that take a position reading it from that device's pos_dev, and replayed
- * with the new tokens and position while graph_key stays the same: a new slice of keys
- * every few dozen positions captures it again. Between devices the residual stream is
- * handed over as run_layers does (hand_over: both devices synchronized, then the peer
- * copies); the head's copies to the host follow the last graph. */
-static void graph_step(GpuModel *g, const int *tokens, int n, float *logits, int all_logits, float *hidden) {
-    const int pos0 = g->pos;
-    int key[GRAPH_KEY];
-    graph_key(g, n, pos0, all_logits, hidden != NULL, key);
+ * (device_layers; the last one's also head_rows) is captured once on its own stream, the
+ * kernels that take a position reading their sequence's from that device's pos_dev, and
+ * replayed with the new tokens and positions while graph_key stays the same: a new slice
+ * of keys every few dozen positions captures it again. Between devices the residual
+ * stream is handed over as run_layers does (hand_over: both devices synchronized, then
+ * the peer copies); the head's copies to the host follow the last graph. */
+static void graph_step(GpuModel *g, const GSpan *sp, int n_sp, const int *tokens, int B, float *logits, int all_logits, float *hidden) {
+    int key[GRAPH_KEY], pos[GEMV_MAXN];
+    graph_key(g, sp, n_sp, B, all_logits, hidden != NULL, key);
+    for (int i = 0; i < n_sp; i++) pos[i] = sp[i].pos;
     GpuGraph *G = NULL, *oldest = &g->graph[0];
     for (int i = 0; i < GRAPH_CACHE; i++) {
         if (g->graph[i].exec[0] && !memcmp(key, g->graph[i].key, sizeof key)) G = &g->graph[i];
         if (g->graph[i].last_use < oldest->last_use) oldest = &g->graph[i];
     }
-    const GSpan one = {0, n, pos0, g->slot};
     if (!G) {
         G = oldest;
         const long before = g_launches;
@@ -3257,8 +3267,8 @@ static void graph_step(GpuModel *g, const int *tokens, int n, float *logits, int
             CHECK(hipStreamBeginCapture(D->stream, hipStreamCaptureModeThreadLocal));
             g_stream = D->stream;
             g_pos_dev = D->pos_dev;
-            device_layers(g, D, n, &one, 1);
-            if (d == g->n_dev - 1) head_rows(g, D, g->final_norm, 0, n, n, all_logits, hidden != NULL);
+            device_layers(g, D, B, sp, n_sp);
+            if (d == g->n_dev - 1) head_rows(g, D, g->final_norm, 0, B, B, all_logits, hidden != NULL);
             g_stream = 0;
             g_pos_dev = NULL;
             CHECK(hipStreamEndCapture(D->stream, &graph));
@@ -3272,25 +3282,26 @@ static void graph_step(GpuModel *g, const int *tokens, int n, float *logits, int
     }
     G->last_use = ++g->graph_clock;
     CHECK(hipSetDevice(0));
-    CHECK(hipMemcpyAsync(g->dev[0].tokens, tokens, (size_t)n * sizeof(int), hipMemcpyHostToDevice, g->dev[0].stream));
+    CHECK(hipMemcpyAsync(g->dev[0].tokens, tokens, (size_t)B * sizeof(int), hipMemcpyHostToDevice, g->dev[0].stream));
     for (int d = 0; d < g->n_dev; d++) {
         GDev *D = &g->dev[d];
-        if (d > 0) hand_over(g, &g->dev[d - 1], D, n); /* leaves device d current */
-        CHECK(hipMemcpyAsync(D->pos_dev, &pos0, sizeof(int), hipMemcpyHostToDevice, D->stream));
+        if (d > 0) hand_over(g, &g->dev[d - 1], D, B); /* leaves device d current */
+        CHECK(hipMemcpyAsync(D->pos_dev, pos, (size_t)n_sp * sizeof(int), hipMemcpyHostToDevice, D->stream));
         CHECK(hipGraphLaunch(G->exec[d], D->stream));
     }
     g_graph_launches++;
     g_launches += G->kernels;
-    g->pos += n;
     /* the null stream waits for the last device's stream (a blocking stream) */
-    head_copy(g, &g->dev[g->n_dev - 1], 0, n, n, logits, all_logits, hidden);
+    head_copy(g, &g->dev[g->n_dev - 1], 0, B, B, logits, all_logits, hidden);
 }
 
 extern "C" void gpu_forward_hidden(GpuModel *g, int pos, const int *tokens, int n, float *logits, int all_logits, float *hidden) {
     g->pos = pos; /* the cache beyond pos is overwritten, as on the CPU (chat rewinds it) */
     if (g->pos + n > g->ctx) glm_fatal("--ctx %d: %d more tokens do not fit the context (%d cached)", g->ctx, n, g->pos);
     if (g->graphs && n <= GEMV_MAXN && !g_plain_kernels) {
-        graph_step(g, tokens, n, logits, all_logits, hidden);
+        const GSpan one = {0, n, g->pos, g->slot};
+        graph_step(g, &one, 1, tokens, n, logits, all_logits, hidden);
+        g->pos += n;
         CHECK(hipGetLastError());
         return;
     }
@@ -3325,10 +3336,13 @@ extern "C" void gpu_forward_rows(GpuModel *g, const int *slot, const int *pos, c
         if (pos[i] < 0 || pos[i] >= g->ctx) glm_fatal("--ctx %d: no room for a token at position %d", g->ctx, pos[i]);
         sp[i] = (GSpan){i, 1, pos[i], slot[i]};
     }
-    CHECK(hipSetDevice(0));
-    CHECK(hipMemcpy(g->dev[0].tokens, tokens, (size_t)n * sizeof(int), hipMemcpyHostToDevice));
-    GDev *D = run_layers(g, n, sp, n);
-    head(g, D, g->final_norm, 0, n, n, logits, 1, NULL);
+    if (g->graphs && !g_plain_kernels) graph_step(g, sp, n, tokens, n, logits, 1, NULL);
+    else {
+        CHECK(hipSetDevice(0));
+        CHECK(hipMemcpy(g->dev[0].tokens, tokens, (size_t)n * sizeof(int), hipMemcpyHostToDevice));
+        GDev *D = run_layers(g, n, sp, n);
+        head(g, D, g->final_norm, 0, n, n, logits, 1, NULL);
+    }
     CHECK(hipGetLastError());
 }
 

@@ -101,8 +101,8 @@ static int test_set(const char *want) {
                 if (simd.matvec_n) {
                     /* n tokens at once: each token's results bit for bit its one-token
                      * matvec's, for n around the kernel's groups of 4 up to 16 */
-                    const int ns[] = {2, 3, 5, 8, 16};
-                    for (int q = 0; q < 5; q++) {
+                    const int ns[] = {3, 5, 16};
+                    for (int q = 0; q < 3; q++) {
                         const int n = ns[q];
                         const size_t ld = (size_t)cols + 8; /* rows of x and xs apart, not the width */
                         float *xt = malloc((size_t)n * ld * 4), *st = malloc((size_t)n * ld * 4);

@@ -365,8 +365,7 @@ else bad "GLM_EMU_RACECHECK chain" "rc $rc: $(cat "$OUT/race.err")"; fi
 if GLM_EMU_RACECHECK=1 ./build/emu_selftest independent >/dev/null 2>&1 && GLM_EMU_RACECHECK=1 ./build/emu_selftest handoff >/dev/null 2>&1 &&
    ./build/emu_selftest chain >/dev/null 2>&1; then ok "GLM_EMU_RACECHECK: independent blocks and the last-block hand-off pass (and nothing is checked without it)"
 else bad "GLM_EMU_RACECHECK" "independent or handoff stopped, or chain stopped without the check"; fi
-# (the decode steps, slower under the check, on two of the three)
-for run in "bf16 glm_emu32 1 decode" "mxfp4 glm_emu64 2 decode" "fp8 glm_emu64 1 -"; do
+for run in "bf16 glm_emu32 1 decode" "fp8 glm_emu64 2 decode"; do
     set -- $run
     GLM_GPU_CHUNK=8 ./$2 logits --gpus $3 --ctx 12 -m "$OUT/$1" --ids "$(seq -s, 3 12)" -o "$OUT/race0.bin" >/dev/null 2>&1
     GLM_GPU_CHUNK=8 GLM_EMU_RACECHECK=1 ./$2 logits --gpus $3 --ctx 12 -m "$OUT/$1" --ids "$(seq -s, 3 12)" -o "$OUT/race1.bin" >/dev/null 2>"$OUT/race1.err"; rc=$?

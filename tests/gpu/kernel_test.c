@@ -188,8 +188,8 @@ static void test_matmul_mode(const char *mode, double tol) {
  * and with the product split along k: then drafting changes no greedy token on the GPU
  * either. */
 static void test_gemv_tokens_as_one(void) {
-    const int shapes[][2] = {{24, 4096}, {40, 3072}, {9, 8192}};
-    const int ns[] = {2, 5, 8};
+    const int shapes[][2] = {{24, 4096}, {9, 8192}};
+    const int ns[] = {3, 8};
     for (int split = 0; split < 2; split++) {
         gpuk_gemv_split_min(split ? 1 : 0);
         for (int f = 1; f < 4; f++)

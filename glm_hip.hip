@@ -3295,24 +3295,30 @@ static void graph_step(GpuModel *g, const GSpan *sp, int n_sp, const int *tokens
     head_copy(g, &g->dev[g->n_dev - 1], 0, B, B, logits, all_logits, hidden);
 }
 
+/* One step of B rows (the sequences sp[0..n_sp); tokens on the host), rows start..start+B-1
+ * of the n the caller asked for: one graph per device where the step can be one (all n
+ * rows at once, at most GEMV_MAXN, the fast kernels), else launch by launch; the head's
+ * logits and hidden states as head() writes them. */
+static void forward_step(GpuModel *g, const GSpan *sp, int n_sp, const int *tokens, int B, int start, int n, float *logits, int all_logits,
+                         float *hidden) {
+    if (g->graphs && !g_plain_kernels && start == 0 && B == n && B <= GEMV_MAXN) {
+        graph_step(g, sp, n_sp, tokens, B, logits, all_logits, hidden);
+        return;
+    }
+    CHECK(hipSetDevice(0));
+    CHECK(hipMemcpy(g->dev[0].tokens, tokens, (size_t)B * sizeof(int), hipMemcpyHostToDevice));
+    GDev *D = run_layers(g, B, sp, n_sp);
+    head(g, D, g->final_norm, start, B, n, logits, all_logits, hidden);
+}
+
 extern "C" void gpu_forward_hidden(GpuModel *g, int pos, const int *tokens, int n, float *logits, int all_logits, float *hidden) {
     g->pos = pos; /* the cache beyond pos is overwritten, as on the CPU (chat rewinds it) */
     if (g->pos + n > g->ctx) glm_fatal("--ctx %d: %d more tokens do not fit the context (%d cached)", g->ctx, n, g->pos);
-    if (g->graphs && n <= GEMV_MAXN && !g_plain_kernels) {
-        const GSpan one = {0, n, g->pos, g->slot};
-        graph_step(g, &one, 1, tokens, n, logits, all_logits, hidden);
-        g->pos += n;
-        CHECK(hipGetLastError());
-        return;
-    }
     for (int start = 0; start < n; start += g->cap) {
-        int B = n - start < g->cap ? n - start : g->cap, pos0 = g->pos;
-        CHECK(hipSetDevice(0));
-        CHECK(hipMemcpy(g->dev[0].tokens, tokens + start, (size_t)B * sizeof(int), hipMemcpyHostToDevice));
-        const GSpan one = {0, B, pos0, g->slot};
-        GDev *D = run_layers(g, B, &one, 1);
+        const int B = n - start < g->cap ? n - start : g->cap;
+        const GSpan one = {0, B, g->pos, g->slot};
+        forward_step(g, &one, 1, tokens + start, B, start, n, logits, all_logits, hidden);
         g->pos += B;
-        head(g, D, g->final_norm, start, B, n, logits, all_logits, hidden);
     }
     CHECK(hipGetLastError());
 }
@@ -3336,13 +3342,7 @@ extern "C" void gpu_forward_rows(GpuModel *g, const int *slot, const int *pos, c
         if (pos[i] < 0 || pos[i] >= g->ctx) glm_fatal("--ctx %d: no room for a token at position %d", g->ctx, pos[i]);
         sp[i] = (GSpan){i, 1, pos[i], slot[i]};
     }
-    if (g->graphs && !g_plain_kernels) graph_step(g, sp, n, tokens, n, logits, 1, NULL);
-    else {
-        CHECK(hipSetDevice(0));
-        CHECK(hipMemcpy(g->dev[0].tokens, tokens, (size_t)n * sizeof(int), hipMemcpyHostToDevice));
-        GDev *D = run_layers(g, n, sp, n);
-        head(g, D, g->final_norm, 0, n, n, logits, 1, NULL);
-    }
+    forward_step(g, sp, n, tokens, n, 0, n, logits, 1, NULL);
     CHECK(hipGetLastError());
 }
 

@@ -408,7 +408,7 @@ static int gpu_prefix(const Slot *sl, const Job *j) {
  * state, which a job resuming there needs as the MTP layer's pending h). */
 static void gpu_keep_chunk(Slot *sl, int B, int end) {
     const int C = g.args.chunk, H = g.S.model.cfg.hidden;
-    if (B != C || end % C || end - B != sl->gpu_whole) return;
+    if (B != C || end - B != sl->gpu_whole) return; /* (gpu_whole: a multiple of C) */
     memcpy(sl->gpu_tokens + end - B, sl->job->prompt + end - B, (size_t)B * sizeof(int));
     if (g.drafts) memcpy(sl->gpu_ends_h + (size_t)(end / C - 1) * H, spec_pending_end(&sl->spec) + (size_t)(B - 1) * H, (size_t)H * sizeof(float));
     sl->gpu_whole = end;

@@ -274,14 +274,17 @@ static void print_prefill(const Model *m, const Machine *M, int json) {
 }
 
 
+/* What the devices add to a step run as graphs: a graph launch on each, and per hand-over
+ * the hand-over itself and one more kernel (the residual add that the next layer's norm
+ * would otherwise take over). */
+static double devices_us(const Machine *M) { return M->gpus * M->launch_us + (M->gpus - 1) * (M->handover_us + M->node_us); }
+
 /* Seconds of one step on the machine: its bytes at eff x bandwidth, plus its launches:
- * (graph) a graph launch per device and a node's gap per kernel, or one launch per
- * kernel; and with --gpus N the N - 1 hand-overs, each after one more kernel (the
- * residual add that the next layer's norm would otherwise take over). */
+ * (graph) a node's gap per kernel and devices_us, or one launch per kernel and each
+ * hand-over after its extra kernel. */
 static double step_seconds(const StepCost *s, const Machine *M, int launches, int graph) {
     const int handovers = M->gpus - 1;
-    double over = graph ? M->gpus * M->launch_us + (launches + handovers) * M->node_us : (launches + handovers) * M->launch_us;
-    over += handovers * M->handover_us;
+    const double over = graph ? launches * M->node_us + devices_us(M) : (launches + handovers) * M->launch_us + handovers * M->handover_us;
     return total(s->bytes, K_N) / (M->t->hbm_gbs * 1e9 * M->eff) + over * 1e-6;
 }
 
@@ -380,7 +383,7 @@ static void print_step(const char *what, const StepCost *s, const Machine *M, in
                (s->bytes[k] / (M->t->hbm_gbs * 1e9 * M->eff) + s->launches[k] * M->node_us * 1e-6) * 1e3);
     if (M->gpus > 1)
         printf("    %-30s %8s     %5d hand-overs  %7.3f ms\n", "devices (a graph each)", "", M->gpus - 1,
-               (M->gpus * M->launch_us + (M->gpus - 1) * (M->handover_us + M->node_us)) * 1e-3);
+               devices_us(M) * 1e-3);
     printf("    => as %s: %.2f ms: %.1f tok/s (one launch per kernel: %.1f tok/s); with <= 6 kernels per layer %.1f tok/s;\n"
            "       the bandwidth alone %.1f tok/s\n", M->gpus > 1 ? "a graph per device" : "one graph", t * 1e3, 1 / t, 1 / t1, 1 / tc, 1 / tb);
 }

@@ -96,10 +96,11 @@ static const Flag FLAGS[] = {
     {"--ctx", "N", ALL, "context length in tokens (default min(4096, max_position_embeddings);\n"
                         "bench: what its runs need)"},
     {"-t", "N", ALL, "threads (default: one per core)"},
-    {"--fp32", NULL, ALL, "weight products in fp32 (default where the CPU has AVX512-BF16:\n"
-                          "activations rounded to bf16, ~2x faster prompts, ~1e-3 relative error;\n"
-                          "GLM_PRECISION=fp32|bf16 sets the default)"},
-    {"--bf16", NULL, ALL, "weight products with bf16 activations (the default where available)"},
+    {"--fp32", NULL, ALL, "weight products in fp32 (the default unless the CPU's AVX512-BF16 dot\n"
+                          "products outpace its fp32 FMA, as on AMD Zen 4/5; GLM_PRECISION=fp32|bf16\n"
+                          "sets the default)"},
+    {"--bf16", NULL, ALL, "weight products with activations rounded to bf16 (~1e-3 relative error;\n"
+                          "the default where the CPU's vdpbf16ps outpaces its fp32 FMA)"},
     {"--no-mmap", NULL, ALL, "read the weights into memory on 2 MB pages instead of mapping the files\n"
                              "(RAM for a copy; the pages stay 2 MB whatever the page cache holds)"},
 #ifdef GLM_GPU
@@ -217,7 +218,7 @@ static void parse_args(Args *a, int c, int argc, char **argv) {
     a->bench = (BenchArgs){.prompt = 512, .long_ctx = 4096, .n_decode = 32};
     const char *pp = getenv("GLM_PRECISION");
     if (pp && *pp && strcmp(pp, "fp32") && strcmp(pp, "bf16")) glm_fatal("GLM_PRECISION=%s: expected fp32 or bf16", pp);
-    a->bf16 = !(pp && !strcmp(pp, "fp32"));
+    a->bf16 = pp && *pp ? !strcmp(pp, "bf16") : -1; /* -1: whichever is faster here (fast_init) */
     for (int i = 2; i < argc; i++) {
         const char *f = argv[i];
         if (!strcmp(f, "-h") || !strcmp(f, "--help")) { command_usage(c); exit(0); }

@@ -863,6 +863,7 @@ static void fast_prepare(const Config *c, int cap, int ctx) {
 void fast_init(const char *want, int bf16) {
     kernels_init(want);
     if (!kernels.matvec) return; /* no SIMD set: glm.c's ops end to end */
+    if (bf16 < 0) bf16 = kernels.bf16_speedup && kernels.bf16_speedup() > 1.0;
     g_act_bf16 = bf16;
     ops.name = kernels.name;
     ops.precision = g_act_bf16 && kernels.gemm_panel_bf16 ? "bf16" : "fp32";

@@ -553,7 +553,8 @@ void spec_truncate(Speculator *sp, KVCache *kv, int pos);
 /* fast_init: once at start, picks the SIMD kernel set (want "c": none, the plain
  * reference end to end; "avx2": the AVX2 set) and fills `ops` with the fast path's
  * entries; bf16: weight products with activations rounded to bf16 where the CPU has
- * AVX512-BF16 (0: fp32 products). */
+ * AVX512-BF16 (0: fp32 products; -1: bf16 where vdpbf16ps is the faster, see
+ * kernels.bf16_speedup). */
 void fast_init(const char *want, int bf16);
 
 /* One stretch of memory for glm bench's streaming read: p 64-byte aligned, n a multiple
@@ -615,6 +616,7 @@ typedef struct {
     /* machine measurements for glm bench (never NULL) */
     double (*read_bandwidth)(const ReadRun *runs, int n_runs); /* bytes/s, all threads */
     double (*fma_peak)(void);                                  /* fp32 FLOP/s, all threads */
+    double (*bf16_speedup)(void); /* vdpbf16ps FLOP/s over fp32 FMA FLOP/s on one core (NULL: no bf16 products) */
 } Kernels;
 extern Kernels kernels;
 /* x prepared the way the SIMD matvec reads it for W's format (MXFP4: each 32-block as

@@ -37,12 +37,8 @@
 #endif
 
 /* xs = x as the SIMD matvec wants it for W's format (see the top of this file): MXFP4
- * even/odd per 32-block; FP8 (widths a multiple of 128) x * 2^64. */
+ * even/odd per 32-block (other formats read x itself). */
 void matvec_split_x(const Mat *W, const float *x, float *xs) {
-    if (W->fmt == WF_FP8 && W->cols % 128 == 0) { /* exact: a power of two */
-        for (int k = 0; k < W->cols; k++) xs[k] = x[k] * 0x1p64f;
-        return;
-    }
     int block = W->fmt == WF_MXFP4 ? 32 : 0;
     for (int b = 0; block && b < W->cols / block; b++)
         for (int i = 0; i < block / 2; i++) {
@@ -226,95 +222,260 @@ AVX512 static inline __m512 fp8x16_placed(const uint8_t *p) {
     return _mm512_castsi512_ps(_mm512_and_si512(_mm512_srai_epi32(top, 4), _mm512_set1_epi32((int)0x87F00000u)));
 }
 
-/* y[i] = W[r0+i] · x for i in [0, nr). One row at a time, so each thread reads one
- * sequential stream (its rows are contiguous); several accumulators hide the FMA
- * latency. xs = x in the order matvec_split_x gives for this format. */
-AVX512 static void matvec_avx512(const Mat *W, int r0, int nr, const float *x, const float *xs, float *y) {
-    const int n = W->cols;
-    switch (W->fmt) {
-    case WF_F32:
-        for (int i = 0; i < nr; i++) y[i] = dot_f32_avx512((const float *)W->w + (size_t)(r0 + i) * n, x, n);
-        return;
-    case WF_BF16: {
-        const int tail = n % 16;
-        const __mmask16 tm = (__mmask16)((1u << tail) - 1);
-        for (int i = 0; i < nr; i++) {
-            const uint16_t *w = (const uint16_t *)W->w + (size_t)(r0 + i) * n;
-            __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-            int k = 0;
-            for (; k + 64 <= n; k += 64) { /* 128 bytes: two cache lines */
-                PREFETCH(w + k); PREFETCH(w + k + 32);
-                a0 = _mm512_fmadd_ps(bf16x16(w + k), _mm512_loadu_ps(x + k), a0);
-                a1 = _mm512_fmadd_ps(bf16x16(w + k + 16), _mm512_loadu_ps(x + k + 16), a1);
-                a2 = _mm512_fmadd_ps(bf16x16(w + k + 32), _mm512_loadu_ps(x + k + 32), a2);
-                a3 = _mm512_fmadd_ps(bf16x16(w + k + 48), _mm512_loadu_ps(x + k + 48), a3);
-            }
-            for (; k + 16 <= n; k += 16) a0 = _mm512_fmadd_ps(bf16x16(w + k), _mm512_loadu_ps(x + k), a0);
-            if (tail) a1 = _mm512_fmadd_ps(bf16x16_masked(w + k, tm), _mm512_maskz_loadu_ps(tm, x + k), a1);
-            y[i] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+/* ---- Weight products in fp32 (--fp32; the default where vdpbf16ps is no faster than FMA) ----
+ *
+ * One token's sums and a few tokens' sums take the same operations in the same order, so
+ * a token's result does not depend on the tokens beside it (glm serve's batches, the
+ * --draft verify pass). Each (row, token) keeps two 16-lane sums and y = reduce(sum 0 +
+ * sum 1); per format, what goes into them:
+ *   BF16   vector v of the row (columns 16v..16v+15), widened, times x, into sum v & 1.
+ *   FP8    the same with the bit-placed weight (E4M3 x 2^-120, fp8x16_placed) against
+ *          x' = x * scale * 2^64 for the row's 128x128 scale block: the scale costs one
+ *          multiply per column every 128 rows instead of one per weight, and 2^56 on the
+ *          sum puts the powers of two back.
+ *   MXFP4  per 32-block, the 16 E2M1 values times the block's scale (exact: a power of two)
+ *          are the table vpermps looks up; the low nibbles (even columns) go into sum 0
+ *          against x's evens, the high nibbles into sum 1 against the odds (matvec_split_x).
+ * Several tokens share each decoded weight vector, up to F32_GROUP of them (16 sums in
+ * registers). Their x are first copied interleaved, vector v of token g at (v*G + g)*16, so
+ * one pointer with constant offsets reaches all of them (eight pointers would not fit the
+ * general registers beside the loop's own). Eight tokens' x no longer fit L1 together
+ * (8 x 24 KB at 6144 columns), so such a pass goes over chunks of rows a block of columns
+ * at a time: the block's x stays in L1 for all the chunk's rows while their sums wait in
+ * memory. */
+#define F32_GROUP 8        /* tokens per pass over a row */
+#define F32_CHUNK_ROWS 16  /* rows per chunk of a blocked pass */
+#define F32_BLOCK_COLS 512 /* columns per block of a blocked pass (a multiple of 32) */
+#ifndef F32_AHEAD
+#define F32_AHEAD 2
+#endif
+#define F32_L1_FLOATS 8192 /* the floats of x (32 KB) an unblocked pass of several tokens may read */
+#define MV32 AVX512 static inline __attribute__((always_inline)) void
+
+typedef struct { __m512 s[F32_GROUP][2]; } RowSums; /* one row's two sums for each token */
+
+AVX512 static inline __m512 fp8x16_placed_masked(const uint8_t *p, __mmask16 m) {
+    uint8_t b[16] = {0};
+    for (int i = 0; i < 16; i++) if (m >> i & 1) b[i] = p[i];
+    return fp8x16_placed(b);
+}
+
+/* The per-format loops of row_sums_f32: sums a0, a1 of G tokens over row r's columns
+ * [k, k1), x interleaved from the vector at k on (x += 32*G per 32 columns). pf: see
+ * row_sums_f32. Separate loops keep the 16 sums and the decode's constants in registers. */
+#define F32_LOOP_ARGS const Mat *W, int r, int k, int k1, const float *x, const uint8_t *pf, __m512 *a0, __m512 *a1, const int G
+MV32 sums_bf16(F32_LOOP_ARGS) {
+    const uint16_t *w = (const uint16_t *)W->w + (size_t)r * W->cols;
+    const uint8_t *p = pf;
+    for (; k + 32 <= k1; k += 32, x += 32 * G) {
+        if (pf) { _mm_prefetch((const char *)p, _MM_HINT_T0); p += 64; }
+        else PREFETCH(w + k);
+        const __m512 w0 = bf16x16(w + k), w1 = bf16x16(w + k + 16);
+        #pragma GCC unroll 8
+        for (int g = 0; g < G; g++) {
+            a0[g] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x + 16 * g), a0[g]);
+            a1[g] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x + 16 * (G + g)), a1[g]);
         }
-        return;
     }
-    case WF_FP8: {
-        const int nb = (n + 127) / 128;
+    if (k < k1) { /* the row's last 1..31 columns: vector 2j into sum 0, 2j+1 into sum 1 */
+        const int left = k1 - k;
+        const __mmask16 m0 = left >= 16 ? 0xFFFF : (__mmask16)((1u << left) - 1);
+        const __mmask16 m1 = left > 16 ? (__mmask16)((1u << (left - 16)) - 1) : 0;
+        const __m512 w0 = bf16x16_masked(w + k, m0), w1 = bf16x16_masked(w + k + 16, m1);
+        #pragma GCC unroll 8
+        for (int g = 0; g < G; g++) {
+            a0[g] = _mm512_fmadd_ps(w0, _mm512_maskz_loadu_ps(m0, x + 16 * g), a0[g]);
+            if (m1) a1[g] = _mm512_fmadd_ps(w1, _mm512_maskz_loadu_ps(m1, x + 16 * (G + g)), a1[g]);
+        }
+    }
+}
+
+MV32 sums_fp8(F32_LOOP_ARGS) {
+    const uint8_t *w = W->w + (size_t)r * W->cols;
+    const uint8_t *p = pf;
+    for (; k + 32 <= k1; k += 32, x += 32 * G) {
+        if (pf) { if (k % 64 == 0) _mm_prefetch((const char *)p, _MM_HINT_T0); p += 32; }
+        else PREFETCH(w + k);
+        const __m512 w0 = fp8x16_placed(w + k), w1 = fp8x16_placed(w + k + 16);
+        #pragma GCC unroll 8
+        for (int g = 0; g < G; g++) {
+            a0[g] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x + 16 * g), a0[g]);
+            a1[g] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x + 16 * (G + g)), a1[g]);
+        }
+    }
+    if (k < k1) {
+        const int left = k1 - k;
+        const __mmask16 m0 = left >= 16 ? 0xFFFF : (__mmask16)((1u << left) - 1);
+        const __mmask16 m1 = left > 16 ? (__mmask16)((1u << (left - 16)) - 1) : 0;
+        const __m512 w0 = fp8x16_placed_masked(w + k, m0), w1 = fp8x16_placed_masked(w + k + 16, m1);
+        #pragma GCC unroll 8
+        for (int g = 0; g < G; g++) {
+            a0[g] = _mm512_fmadd_ps(w0, _mm512_maskz_loadu_ps(m0, x + 16 * g), a0[g]);
+            if (m1) a1[g] = _mm512_fmadd_ps(w1, _mm512_maskz_loadu_ps(m1, x + 16 * (G + g)), a1[g]);
+        }
+    }
+}
+
+MV32 sums_mxfp4(F32_LOOP_ARGS) { /* columns a multiple of 32 */
+    const uint8_t *w = W->w + (size_t)r * (W->cols / 2), *sc = W->mx_scale + (size_t)r * (W->cols / 32);
+    const uint8_t *p = pf;
+    const __m512 lut = _mm512_loadu_ps(e2m1_value);
+    for (; k < k1; k += 32, x += 32 * G) {
+        if (pf) { if (k % 128 == 0) _mm_prefetch((const char *)p, _MM_HINT_T0); p += 16; }
+        else PREFETCH(w + k / 2);
+        const __m512 table = _mm512_mul_ps(lut, _mm512_set1_ps(e8m0_table[sc[k / 32]]));
+        const __m512i d = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(w + k / 2)));
+        const __m512 lo = _mm512_permutexvar_ps(d, table), hi = _mm512_permutexvar_ps(_mm512_srli_epi32(d, 4), table);
+        #pragma GCC unroll 8
+        for (int g = 0; g < G; g++) {
+            a0[g] = _mm512_fmadd_ps(lo, _mm512_loadu_ps(x + 16 * g), a0[g]);
+            a1[g] = _mm512_fmadd_ps(hi, _mm512_loadu_ps(x + 16 * (G + g)), a1[g]);
+        }
+    }
+}
+
+/* Adds row r's columns [k0, k1) for G tokens into *sums. q: the tokens' x as the format
+ * reads them (BF16: x, FP8: x', MXFP4: xs), interleaved: vector v of token g at
+ * q + (v*G + g)*16. k0 is a multiple of 32, and so is k1 unless it is the row's end. pf:
+ * the weights to fetch into L1 meanwhile (a later piece of a blocked pass), or NULL for a
+ * whole row, which fetches its own stream ahead. */
+MV32 row_sums_f32(const Mat *W, int r, int k0, int k1, const float *q, const uint8_t *pf, RowSums *sums, const int G) {
+    __m512 a0[F32_GROUP], a1[F32_GROUP];
+    #pragma GCC unroll 8
+    for (int g = 0; g < G; g++) { a0[g] = sums->s[g][0]; a1[g] = sums->s[g][1]; }
+    const float *x = q + (size_t)(k0 / 16) * G * 16;
+    switch (W->fmt) {
+    case WF_BF16: if (pf) sums_bf16(W, r, k0, k1, x, pf, a0, a1, G); else sums_bf16(W, r, k0, k1, x, NULL, a0, a1, G); break;
+    case WF_FP8: if (pf) sums_fp8(W, r, k0, k1, x, pf, a0, a1, G); else sums_fp8(W, r, k0, k1, x, NULL, a0, a1, G); break;
+    default: if (pf) sums_mxfp4(W, r, k0, k1, x, pf, a0, a1, G); else sums_mxfp4(W, r, k0, k1, x, NULL, a0, a1, G); break;
+    }
+    #pragma GCC unroll 8
+    for (int g = 0; g < G; g++) { sums->s[g][0] = a0[g]; sums->s[g][1] = a1[g]; }
+}
+
+/* q = G tokens' x (token g at x + g*ldx) interleaved as row_sums_f32 reads them, each
+ * vector times mult[its column / 128] (mult NULL: times 1); zero past n. */
+MV32 interleave_x(const float *x, size_t ldx, int n, const float *mult, float *q, const int G) {
+    for (int k = 0; k < n; k += 16) {
+        const __mmask16 m = n - k >= 16 ? 0xFFFF : (__mmask16)((1u << (n - k)) - 1);
+        const __m512 s = _mm512_set1_ps(mult ? mult[k / 128] : 1.0f);
+        #pragma GCC unroll 8
+        for (int g = 0; g < G; g++)
+            _mm512_storeu_ps(q + ((size_t)(k / 16) * G + g) * 16, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + g * ldx + k), s));
+    }
+}
+
+/* FP8's x' for the rows of scale block rb: x * scale[rb][column / 128] * 2^64, interleaved */
+MV32 fp8_x_scaled(const Mat *W, int rb, const float *x, size_t ldx, float *q, const int G) {
+    const int nb = (W->cols + 127) / 128;
+    float mult[nb];
+    for (int b = 0; b < nb; b++) mult[b] = W->fp8_scale[(size_t)rb * nb + b] * 0x1p64f;
+    interleave_x(x, ldx, W->cols, mult, q, G);
+}
+
+MV32 zero_sums(RowSums *sums, const int G) {
+    #pragma GCC unroll 8
+    for (int g = 0; g < G; g++) sums->s[g][0] = sums->s[g][1] = _mm512_setzero_ps();
+}
+
+MV32 store_sums(const RowSums *sums, float post, float *y, size_t ldy, const int G) {
+    #pragma GCC unroll 8
+    for (int g = 0; g < G; g++) y[g * ldy] = _mm512_reduce_add_ps(_mm512_add_ps(sums->s[g][0], sums->s[g][1])) * post;
+}
+
+/* Where row r's weights for column k start. */
+AVX512 static inline const uint8_t *weight_at(const Mat *W, int r, int k) {
+    const size_t i = (size_t)r * W->cols + k;
+    return W->fmt == WF_BF16 ? W->w + 2 * i : W->fmt == WF_FP8 ? W->w + i : W->w + i / 2;
+}
+
+/* y[g*ldy + i] = W[r0+i]·x_g for i < nr and G tokens (x_g = x + g*ldx, split as xs + g*ldxs).
+ * Results below fp32's normal range are flushed to zero (MXCSR's FTZ): on Intel cores an
+ * FMA that underflows costs ~100 cycles, and such a term (< 2^-126) changes no sum. An
+ * E4M3 subnormal placed as fp32 is a subnormal operand, which such cores also handle
+ * slowly; real checkpoints hold ~1e-4 of those codes, so they stay exact. */
+MV32 rows_f32(const Mat *W, int r0, int nr, const float *x, size_t ldx, const float *xs, size_t ldxs, float *y, size_t ldy, const int G) {
+    const int n = W->cols, fp8 = W->fmt == WF_FP8, mx = W->fmt == WF_MXFP4;
+    const float post = fp8 ? 0x1p56f : 1.0f;
+    const int blocked = G > 1 && G * n > F32_L1_FLOATS;
+    const unsigned csr = _mm_getcsr();
+    _mm_setcsr(csr | 0x8000); /* FTZ */
+    /* the tokens' x interleaved (one token: x itself but for FP8's x') */
+    float xq[fp8 || G > 1 ? G * ((n + 15) & ~15) : 1];
+    const float *q = fp8 || G > 1 ? xq : mx ? xs : x;
+    if (!fp8 && G > 1) interleave_x(mx ? xs : x, mx ? ldxs : ldx, n, NULL, xq, G);
+    int qb = -1; /* FP8: the scale block xq is for */
+    if (!blocked) { /* one row at a time, whole: each thread reads one sequential stream */
         for (int i = 0; i < nr; i++) {
             const int r = r0 + i;
-            const uint8_t *w = W->w + (size_t)r * n;
-            const float *scale = W->fp8_scale + (size_t)(r / 128) * nb;
-            __m512 t = _mm512_setzero_ps();
-            if (n % 128 == 0) { /* every GLM width: xs = x * 2^64 (matvec_split_x) */
-                for (int b = 0; b < nb; b++) {
-                    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-                    for (int k = 128 * b; k < 128 * b + 128; k += 64) {
-                        PREFETCH(w + k);
-                        a0 = _mm512_fmadd_ps(fp8x16_placed(w + k), _mm512_loadu_ps(xs + k), a0);
-                        a1 = _mm512_fmadd_ps(fp8x16_placed(w + k + 16), _mm512_loadu_ps(xs + k + 16), a1);
-                        a2 = _mm512_fmadd_ps(fp8x16_placed(w + k + 32), _mm512_loadu_ps(xs + k + 32), a2);
-                        a3 = _mm512_fmadd_ps(fp8x16_placed(w + k + 48), _mm512_loadu_ps(xs + k + 48), a3);
-                    }
-                    /* one multiplier per 128x128 block, times the 2^(120-64) taken off above */
-                    t = _mm512_fmadd_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)), _mm512_set1_ps(scale[b] * 0x1p56f), t);
-                }
-            } else { /* other widths: 16 bytes at a time by bit placement, masked tails */
-                for (int b = 0; b < nb; b++) {
-                    __m512 a0 = _mm512_setzero_ps();
-                    int end = b * 128 + 128 < n ? b * 128 + 128 : n;
-                    for (int k = b * 128; k < end; k += 16) {
-                        __mmask16 m = end - k >= 16 ? 0xFFFF : (__mmask16)((1u << (end - k)) - 1);
-                        a0 = _mm512_fmadd_ps(fp8x16(_mm_maskz_loadu_epi8(m, w + k)), _mm512_maskz_loadu_ps(m, x + k), a0);
-                    }
-                    t = _mm512_fmadd_ps(a0, _mm512_set1_ps(scale[b]), t);
-                }
-            }
-            y[i] = _mm512_reduce_add_ps(t);
+            if (fp8 && r / 128 != qb) { qb = r / 128; fp8_x_scaled(W, qb, x, ldx, xq, G); }
+            RowSums sums;
+            zero_sums(&sums, G);
+            row_sums_f32(W, r, 0, n, q, NULL, &sums, G);
+            store_sums(&sums, post, y + i, ldy, G);
         }
+        _mm_setcsr(csr);
         return;
     }
-    case WF_MXFP4: { /* xs = x split per 32 into evens, odds: the low and high nibbles */
-        const int nb = n / 32;
-        const __m512 lut = _mm512_loadu_ps(e2m1_value);
-#define MX_BLOCK(b, t)                                                                                 \
-    do {                                                                                               \
-        __m512i d = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(w + 16 * (b))));           \
-        __m512 v = _mm512_mul_ps(_mm512_permutexvar_ps(d, lut), _mm512_loadu_ps(xs + 32 * (b)));      \
-        v = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(d, 4), lut), _mm512_loadu_ps(xs + 32 * (b) + 16), v); \
-        t = _mm512_fmadd_ps(v, _mm512_set1_ps(e8m0_table[sc[b]]), t);                                 \
-    } while (0)
-        for (int i = 0; i < nr; i++) {
-            const uint8_t *w = W->w + (size_t)(r0 + i) * (n / 2);
-            const uint8_t *sc = W->mx_scale + (size_t)(r0 + i) * nb;
-            __m512 t0 = _mm512_setzero_ps(), t1 = t0;
-            int b = 0;
-            for (; b + 4 <= nb; b += 4) { /* 64 bytes */
-                PREFETCH(w + 16 * b);
-                MX_BLOCK(b, t0); MX_BLOCK(b + 1, t1); MX_BLOCK(b + 2, t0); MX_BLOCK(b + 3, t1);
+    /* blocked: chunks of rows, each a block of columns at a time; the weights that come two
+     * row pieces later are fetched into L1 while a piece is summed (the hardware prefetcher
+     * follows a stream through each page, not this walk across the rows) */
+    RowSums sums[F32_CHUNK_ROWS];
+    const int nblocks = (n + F32_BLOCK_COLS - 1) / F32_BLOCK_COLS;
+    for (int i0 = 0; i0 < nr;) {
+        int rb = nr - i0 < F32_CHUNK_ROWS ? nr - i0 : F32_CHUNK_ROWS;
+        if (fp8 && (r0 + i0) % 128 + rb > 128) rb = 128 - (r0 + i0) % 128; /* within one scale block */
+        for (int i = 0; i < rb; i++) zero_sums(&sums[i], G);
+        for (int cb = 0; cb < nblocks; cb++) {
+            const int k0 = cb * F32_BLOCK_COLS, k1 = n - k0 < F32_BLOCK_COLS ? n : k0 + F32_BLOCK_COLS;
+            for (int i = 0; i < rb; i++) {
+                const int r = r0 + i0 + i;
+                if (fp8 && r / 128 != qb) { qb = r / 128; fp8_x_scaled(W, qb, x, ldx, xq, G); }
+                int pi = i + F32_AHEAD, pc = cb, pr; /* the piece F32_AHEAD after this one */
+                while (pi >= rb && pc < nblocks) { pi -= rb; pc++; }
+                if (pc < nblocks) pr = r0 + i0 + pi;
+                else { pr = r0 + i0 + rb + pi; pc = 0; }
+                const uint8_t *pf = pr < r0 + nr ? weight_at(W, pr, pc * F32_BLOCK_COLS) : weight_at(W, r, k0);
+                row_sums_f32(W, r, k0, k1, q, pf, &sums[i], G);
             }
-            for (; b < nb; b++) MX_BLOCK(b, t0);
-            y[i] = _mm512_reduce_add_ps(_mm512_add_ps(t0, t1));
         }
-#undef MX_BLOCK
+        for (int i = 0; i < rb; i++) store_sums(&sums[i], post, y + i0 + i, ldy, G);
+        i0 += rb;
+    }
+    _mm_setcsr(csr);
+}
+
+/* y[i] = W[r0+i] · x for i in [0, nr); xs = x as matvec_split_x orders it for W. */
+AVX512 static void matvec_avx512(const Mat *W, int r0, int nr, const float *x, const float *xs, float *y) {
+    if (W->fmt == WF_F32) {
+        for (int i = 0; i < nr; i++) y[i] = dot_f32_avx512((const float *)W->w + (size_t)(r0 + i) * W->cols, x, W->cols);
         return;
     }
+    rows_f32(W, r0, nr, x, 0, xs, 0, y, 1, 1);
+}
+
+/* matvec_avx512 for n tokens, F32_GROUP at a time over each row: token t's results are
+ * bit for bit matvec_avx512's for x_t alone. */
+AVX512 static void matvec_n_avx512(const Mat *W, int r0, int nr, const float *x, size_t ldx, const float *xs, size_t ldxs, int n, float *y,
+                                   size_t ldy) {
+    for (int t = 0; t < n; t += F32_GROUP) {
+        const float *xt = x + (size_t)t * ldx, *st = xs + (size_t)t * ldxs;
+        float *yt = y + (size_t)t * ldy;
+        const int G = n - t < F32_GROUP ? n - t : F32_GROUP;
+        if (W->fmt == WF_F32) { /* the router: one dot per token */
+            for (int g = 0; g < G; g++) matvec_avx512(W, r0, nr, xt + (size_t)g * ldx, NULL, yt + (size_t)g * ldy);
+            continue;
+        }
+        switch (G) {
+        case 8: rows_f32(W, r0, nr, xt, ldx, st, ldxs, yt, ldy, 8); break;
+        case 7: rows_f32(W, r0, nr, xt, ldx, st, ldxs, yt, ldy, 7); break;
+        case 6: rows_f32(W, r0, nr, xt, ldx, st, ldxs, yt, ldy, 6); break;
+        case 5: rows_f32(W, r0, nr, xt, ldx, st, ldxs, yt, ldy, 5); break;
+        case 4: rows_f32(W, r0, nr, xt, ldx, st, ldxs, yt, ldy, 4); break;
+        case 3: rows_f32(W, r0, nr, xt, ldx, st, ldxs, yt, ldy, 3); break;
+        case 2: rows_f32(W, r0, nr, xt, ldx, st, ldxs, yt, ldy, 2); break;
+        default: rows_f32(W, r0, nr, xt, ldx, st, ldxs, yt, ldy, 1); break;
+        }
     }
 }
 
@@ -427,6 +588,42 @@ static double fma_peak_avx512(void) {
     threads = omp_get_max_threads();
 #endif
     return sink == 42.0f ? 0.0 : 2.0 * 16 * 12 * iters * threads / dt;
+}
+
+/* vdpbf16ps against fp32 FMA on this core, FLOP for FLOP: the default precision of the
+ * weight products follows it (fast_init). AMD's Zen 4 and 5 run vdpbf16ps at twice the
+ * FMA's rate; Intel's Xeons (Sapphire and Emerald Rapids) at half of it, where bf16
+ * activations would cost accuracy and speed both. Twelve independent chains of each, the
+ * best of five short alternating runs (~1 ms in all): the two rates differ by 4x between
+ * those hosts, so the choice does not flip with the host's noise. */
+__attribute__((target("avx512f,avx512bf16"))) static float dpbf16_chains(long iters) {
+    const __m512bh m = (__m512bh)_mm512_set1_epi16(0x3F80), c = (__m512bh)_mm512_set1_epi16(0x3380); /* 1, ~6e-8 */
+    __m512 a[12];
+    for (int j = 0; j < 12; j++) a[j] = _mm512_set1_ps((float)j);
+    for (long i = 0; i < iters; i++) {
+#pragma GCC unroll 12
+        for (int j = 0; j < 12; j++) a[j] = _mm512_dpbf16_ps(a[j], m, c);
+    }
+    __m512 s = a[0];
+    for (int j = 1; j < 12; j++) s = _mm512_add_ps(s, a[j]);
+    return _mm512_reduce_add_ps(s);
+}
+
+static double bf16_speedup_avx512(void) {
+    const long iters = 20000;
+    double best_dp = 1e9, best_fma = 1e9;
+    float sink = 0.0f;
+    for (int rep = 0; rep < 5; rep++) {
+        double t0 = now_s();
+        sink += dpbf16_chains(iters);
+        double t1 = now_s();
+        sink += fma_chains_avx512(iters);
+        double t2 = now_s();
+        if (t1 - t0 < best_dp) best_dp = t1 - t0;
+        if (t2 - t1 < best_fma) best_fma = t2 - t1;
+    }
+    /* FLOP per instruction: vdpbf16ps 64 (32 pairs), vfmadd231ps 32 */
+    return sink == 42.0f ? 0.0 : (64.0 / best_dp) / (32.0 / best_fma);
 }
 
 /* Prefill GEMM micro-kernel: Y[t*ldy + j] += Σ_k P[k*ldp + j] · X[t*ldx + k] for j < nj
@@ -1358,12 +1555,13 @@ void kernels_init(const char *want) {
     }
     if (want && !strcmp(want, "avx2")) return; /* GLM_KERNELS=avx2: test the AVX2 set on an AVX-512 machine */
     if (cpu_has_avx512()) {
-        Kernels k = {.name = "AVX-512", .matvec = matvec_avx512, .dequant_row = dequant_row_avx512, .gemm_panel = gemm_panel_avx512,
+        Kernels k = {.name = "AVX-512", .matvec = matvec_avx512, .matvec_n = matvec_n_avx512, .dequant_row = dequant_row_avx512, .gemm_panel = gemm_panel_avx512,
                      .pack_panel = pack_panel_avx512, .matvec_transposed_bf16 = matvec_transposed_bf16_avx512,
                      .dot = dot_f32_avx512, .axpy = axpy_f32_avx512, .softmax = softmax_avx512, .index_relu_sums = index_relu_sums_avx512,
                      .read_bandwidth = read_bandwidth_avx512, .fma_peak = fma_peak_avx512};
         if (__builtin_cpu_supports("avx512bf16")) {
             k.name = "AVX-512 (+BF16)";
+            k.bf16_speedup = bf16_speedup_avx512;
             k.gemm_panel_bf16 = gemm_panel_bf16_avx512;
             k.build_panel_bf16 = build_panel_bf16_avx512;
             k.round_bf16 = round_bf16_avx512;

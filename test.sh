@@ -10,7 +10,8 @@ set -u
 cd "$(dirname "$0")"
 export GLM="${GLM:-./glm}"
 # The suites compare with an fp32 reference at ~1e-4, so products run in fp32 here; the
-# default bf16 path (prompt and decode) is tested explicitly (--bf16) in test_forward/kernels.
+# bf16 path (prompt and decode; the default where vdpbf16ps outpaces FMA) is tested
+# explicitly (--bf16) in test_forward/kernels.
 export GLM_PRECISION="${GLM_PRECISION:-fp32}"
 suites=()
 if [ $# -gt 0 ]; then for s in "$@"; do suites+=("tests/test_$s.sh"); done

@@ -19,7 +19,7 @@
 # - batch invariance: with fp32 products, 8 prompts sharing 300 ids give the same tokens and
 #   bit-identical log-probabilities alone and together (SAN=1: 2 prompts of 8 tokens; plain C kernels, GLM_KERNELS=c: alone
 #   first, then together, then again from the prefix cache; the default kernels: together
-#   first, every prompt uncached, then alone; and the same with the default bf16 products);
+#   first, every prompt uncached, then alone; and the same with bf16 products);
 # - the prefix cache: a 220-token prompt after its first 200 starts from >= 192 cached
 #   positions (16-token blocks, handed out in whole --chunk chunks); --cache-mb 0: none;
 # - --draft N (the MTP layer drafts; the tiny model has one): greedy tokens and logprobs
@@ -229,13 +229,13 @@ if [ -n "${MAIN_URL:-}" ] && start nocache24 -- --fp32 --parallel 8 --chunk 24 -
 fi
 
 # load: a small prefix cache (full after the warm-up, so RSS measures leaks, not the cache), and
-# the default bf16 products (the other servers run fp32: the checks compare logits)
+# bf16 products (the other servers run fp32: the checks compare logits)
 if start load -- --parallel 16 --cache-mb 1 --bf16; then
     LOAD_PID=$PID
-    # the default bf16 products too: a batch of decodes (matvec_bf16_n, the few-token MoE pool)
+    # bf16 products too: a batch of decodes (matvec_bf16_n, the few-token MoE pool)
     # gives each sequence its lone logits, bit for bit
     py invariance "$URL" fast_bf16 "$N_INV" "$T_INV"
-    # --draft with the default bf16 products: the same as this server's, bit for bit (not under
+    # --draft with bf16 products: the same as this server's, bit for bit (not under
     # SAN=1: the fp32 drafts above ran the same code under the sanitizers)
     LOAD_URL=$URL
     if [ "$SAN_MUL" = 1 ] && start drafts_bf16 -- --parallel 4 --cache-mb 4 --bf16 --draft 3; then

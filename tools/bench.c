@@ -460,6 +460,7 @@ static void print_json(const BenchResult *b) {
            d->tps0, d->bytes0, gbs0 / 1e9, gbs0 / d->bw0, gbs0 / d->best0,
            d->weights_bw / 1e9, gbs0 / d->weights_bw,
            b->L, d->tpsL, gbsL / d->bwL, d->bwL / 1e9, b->huge);
+    if (kernels.bf16_speedup) printf(", \"bf16_speedup\": %.3f", kernels.bf16_speedup());
     print_spec_json(&b->spec);
     printf("}\n");
 }
@@ -472,6 +473,8 @@ static void print_table(const BenchResult *b) {
     printf("glm bench: %s (%d threads, %s kernels)\n", b->model_dir, b->threads, ops.name);
     printf("  machine   read bandwidth %.1f GB/s (around the decode; its fastest passes %.1f), fp32 FMA peak %.1f GFLOP/s (around the prefill)\n",
            d->bw0 / 1e9, d->best0 / 1e9, p->peak / 1e9);
+    if (kernels.bf16_speedup) /* what chose the default precision (fast_init) */
+        printf("            vdpbf16ps runs at %.2f x the fp32 FMA's FLOP rate here\n", kernels.bf16_speedup());
     if (b->huge >= 0) printf("  weights   %.0f%% on 2 MB pages%s\n", 100 * b->huge, b->huge < 0.9 ? " (4 KB pages slow decode: see README, Performance)" : "");
     printf("  prefill   %d tokens (%s products): %.2f tok/s, %.1f GFLOP/s = %.2f x FMA peak (the median of %d runs: %.2f, %.2f, %.2f)\n", b->P,
            ops.precision, b->P / p->secs, p->flops / 1e9, p->flops / p->peak, PREFILL_RUNS, p->ratio[0], p->ratio[1], p->ratio[2]);

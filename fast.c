@@ -9,11 +9,14 @@
  *   fast_matmul        one token (decode): the rows of W in runs handed to threads as
  *                      they free up (matvec_jobs), each row dotted from its packed form;
  *                      a prompt chunk: 32 rows at a time decoded once into a panel that
- *                      every token streams through (fp32, or bf16 on AVX512-BF16)
+ *                      every token streams through (fp32, or bf16 on AVX512-BF16);
+ *                      a few tokens (a serve batch): each row decoded once for all
  *   fast_matmul_group  one token: every product of the group in one pool of runs
  *   fast_index_scores  the indexer's keys x heads as a GEMM, 256 keys at a time
+ *   fast_mla_absorb    the absorb head by head; fast_mla_unabsorb: a pool of runs
  *   fast_mla_attend    absorbed MLA with GEMMs over blocks of keys and heads
- *   fast_moe_experts   one token: the chosen experts and the shared one as one pool
+ *   fast_moe_experts   one token: the chosen experts and the shared one as one pool;
+ *                      a few tokens: every chosen expert on its tokens as one pool
  *
  * Each is tested against the reference: tests/test_forward.py compares both paths'
  * logits with the NumPy reference, tests/kernels_test.c every kernel with plain loops.
@@ -54,7 +57,7 @@ static float *g_row_scratch;      /* [g_threads][g_scratch_cols] one decoded row
 static int g_scratch_cols;        /* the widest matrix's columns */
 /* x as a SIMD matvec reads it (matvec_split_x / matvec_order_bf16): up to the widest
  * matrix rounded up to 128 columns */
-#define XS_FOR(cols) ((size_t)(cols) + 128) /* floats of x's layout for a matrix of cols columns */
+#define XS_FOR(cols) (((size_t)(cols) + 128 + 15) & ~(size_t)15) /* floats of x's layout for a matrix of cols columns (64-byte rows) */
 #define XS_COLS XS_FOR(g_scratch_cols)
 static float *g_x_split;          /* [g_threads][XS_COLS] */
 static float *g_panel;            /* [g_threads][g_panel_stride] a 32-row k-major panel, its rows, a spare row */
@@ -62,9 +65,9 @@ static size_t g_panel_stride;     /* max(65 * g_scratch_cols, PANEL_KC * 32 + PR
 static uint16_t *g_x_bf16;        /* [cap][g_scratch_cols + 64] activations rounded to bf16 */
 static float *g_pool_xs;          /* [max(2(n_active+1), 4)][XS_COLS] decode: each product's x as its kernel reads it */
 static float *g_tokens_xs;        /* [g_threads][MATVEC_MAX_TOKENS][XS_COLS] a few tokens' x as their kernels read it */
-static uint16_t *g_moe_xb;        /* [MATVEC_MAX_TOKENS * (n_active + 1)][XS_COLS] a few tokens' MoE inputs, per expert */
+static void *g_moe_x;             /* [MATVEC_MAX_TOKENS * (n_active + 1)][XS_COLS] a few tokens' MoE inputs, per expert (bf16, or fp32) */
 static int g_moe_rows;            /* its rows */
-static float *g_uv_xs;            /* [NH][XS_FOR(KR)] decode: each head's o_lat as W_UV's kernel reads it */
+static float *g_uv_xs;            /* [NH * MATVEC_MAX_TOKENS][XS_FOR(KR)] decode: each head's o_lat as W_UV's kernel reads it */
 static float *g_scores;           /* [g_threads][ATTN_HEAD_BLOCK][PROBS_STRIDE(T)] attention scores of a head block */
 static uint16_t *g_lat_bf16;      /* [T][KR+DR] the layer's cached latents rounded to bf16, or NULL */
 static uint16_t *g_attn_bf16;     /* [g_threads][g_attn_bf16_stride] scratch: see attn_bf16_scratch */
@@ -236,15 +239,34 @@ static void gemm_bf16_panels(float *y, int ldy, const Mat *W, int r0, int nr, in
     }
 }
 
-/* x's rows as W's kernel reads them (matvec_bf16_n), into xb rows XS_COLS apart
- * (rows: which rows of x, NULL for the first n). */
-static void token_layouts(const Mat *W, const float *x, int ldx, const int *rows, int n, uint16_t *xb) {
+/* x's rows as W's kernel reads them (rows: which rows of x, NULL for the first n), into
+ * rows XS_COLS apart: bf16 products: matvec_order_bf16's layout rounded (matvec_bf16_n's
+ * xb); fp32: pack_tokens_x's layout where the CPU has matvec_n_packed, else for MXFP4
+ * matvec_split_x's layout, its only reader, and x itself for the other formats, so that
+ * one buffer serves matvec_n as both x and xs. */
+static void token_layouts(const Mat *W, const float *x, int ldx, const int *rows, int n, void *out) {
     const int np = (W->cols + 127) & ~127;
     float *layout = g_x_split + (size_t)thread_id() * XS_COLS;
-    for (int t = 0; t < n; t++) {
-        matvec_order_bf16(W, x + (size_t)(rows ? rows[t] : t) * ldx, layout);
-        kernels.round_bf16(layout, np, xb + (size_t)t * XS_COLS, np);
+    if (!matvec_in_bf16(W) && kernels.matvec_n_packed) {
+        pack_tokens_x(W, x, (size_t)ldx, rows, n, out);
+        return;
     }
+    for (int t = 0; t < n; t++) {
+        const float *xt = x + (size_t)(rows ? rows[t] : t) * ldx;
+        if (matvec_in_bf16(W)) {
+            matvec_order_bf16(W, xt, layout);
+            kernels.round_bf16(layout, np, (uint16_t *)out + (size_t)t * XS_COLS, np);
+        } else if (W->fmt == WF_MXFP4) matvec_split_x(W, xt, (float *)out + (size_t)t * XS_COLS);
+        else memcpy((float *)out + (size_t)t * XS_COLS, xt, (size_t)W->cols * sizeof(float));
+    }
+}
+
+/* bytes per element of token_layouts' rows for W */
+static size_t layout_bytes(const Mat *W) { return matvec_in_bf16(W) ? sizeof(uint16_t) : sizeof(float); }
+
+/* whether a few tokens' product with W has a kernel that gives each token its lone sums */
+static int few_tokens_kernel(const Mat *W) {
+    return matvec_in_bf16(W) ? kernels.matvec_bf16_n != NULL : kernels.matvec_n_packed || kernels.matvec_n;
 }
 
 /* Rows per run of a few tokens' product over nr rows of W: ~8 runs per thread, 256 KB
@@ -271,16 +293,22 @@ static void matvec_tokens(float *y, int ldy, const float *x, int ldx, const Mat 
         kernels.matvec_bf16_n(W, r0 + lo, nr - lo < rows ? nr - lo : rows, xb, XS_COLS, n, y + lo, (size_t)ldy);
 }
 
-/* matvec_tokens for products in fp32 where the CPU has kernels.matvec_n (AVX2): each
- * token's x split once for W's format, every row decoded once for all tokens, and each
- * token's results bit for bit its one-token matvec's. */
+/* matvec_tokens for products in fp32 where the CPU has kernels.matvec_n_packed (AVX-512)
+ * or matvec_n (AVX2): each token's x laid out once for W's format, every row decoded once
+ * for all tokens, and each token's results bit for bit its one-token matvec's. */
 static void matvec_tokens_f32(float *y, int ldy, const float *x, int ldx, const Mat *W, int r0, int nr, int n, int parallel) {
     float *xs = g_tokens_xs + (size_t)thread_id() * MATVEC_MAX_TOKENS * XS_COLS;
-    for (int t = 0; t < n; t++) matvec_split_x(W, x + (size_t)t * ldx, xs + (size_t)t * XS_COLS);
+    const int packed = kernels.matvec_n_packed != NULL;
+    if (packed) pack_tokens_x(W, x, (size_t)ldx, NULL, n, xs);
+    else
+        for (int t = 0; t < n; t++) matvec_split_x(W, x + (size_t)t * ldx, xs + (size_t)t * XS_COLS);
     const int rows = token_run_rows(W, nr, parallel);
 #pragma omp parallel for schedule(dynamic, 1) if (parallel)
-    for (int lo = 0; lo < nr; lo += rows)
-        kernels.matvec_n(W, r0 + lo, nr - lo < rows ? nr - lo : rows, x, (size_t)ldx, xs, XS_COLS, n, y + lo, (size_t)ldy);
+    for (int lo = 0; lo < nr; lo += rows) {
+        const int nrun = nr - lo < rows ? nr - lo : rows;
+        if (packed) kernels.matvec_n_packed(W, r0 + lo, nrun, xs, n, y + lo, (size_t)ldy);
+        else kernels.matvec_n(W, r0 + lo, nrun, x, (size_t)ldx, xs, XS_COLS, n, y + lo, (size_t)ldy);
+    }
 }
 
 /* y[t*ldy + i] = Σ_k x[t*ldx + k] · W[r0+i][k] for rows i in [0, nr), tokens t in [0, n). */
@@ -301,7 +329,7 @@ static void matmul_rows(float *y, int ldy, const float *x, int ldx, const Mat *W
          * matrix): each token's sums are its decode's whatever runs beside it (glm serve's
          * batch invariance, --draft's verify pass): the multi-token kernel where the CPU
          * has one, else one one-token product each (the rows read once per token) */
-        if (kernels.matvec_n) {
+        if (kernels.matvec_n_packed || kernels.matvec_n) {
             matvec_tokens_f32(y, ldy, x, ldx, W, r0, nr, n, parallel);
             return;
         }
@@ -491,9 +519,10 @@ static const uint16_t *key_rows_bf16(const uint16_t *lat, int AD, const int *sel
 
 /* absorb for head h: q_abs[t][h][0:KR] = Σ_i q_nope[t][h][i] · W_UK[h][i][:]. W_UK[h] is
  * already k-major (row i, latent column j), so for a prompt the GEMM micro-kernel reads
- * 32 of its columns at a time in place (ldp = KR). bf16: a prompt chunk in the default
- * precision; the k of this product runs down W_UK's rows: 32 columns at a time are
- * interleaved into row pairs, the tokens' q_nope streams through them. */
+ * 32 of its columns at a time in place (ldp = KR). bf16: a prompt chunk with bf16
+ * products; the k of this product runs down W_UK's rows: 32 columns at a time are
+ * interleaved into row pairs, the tokens' q_nope streams through them. Up to
+ * MATVEC_MAX_TOKENS tokens (decode steps) take the one-token arithmetic each. */
 static void absorb_head(const Config *c, const Layer *L, RunState *s, int n, int h, int bf16, const AttnBf16 *b) {
     const int NH = c->n_heads, DN = c->qk_nope, DR = c->qk_rope, DV = c->v_head, KR = c->kv_lora_rank;
     const int QD = DN + DR, AD = KR + DR;
@@ -514,14 +543,17 @@ static void absorb_head(const Config *c, const Layer *L, RunState *s, int n, int
             kernels.pack_pairs_bf16(b->w_uk + j0, KR, NULL, DN, nj, b->absorb_pairs);
             kernels.gemm_panel_bf16((const uint16_t *)b->absorb_pairs, DNE, b->xq, DNE, n, s->q_abs + (size_t)h * AD + j0, NH * AD, nj);
         }
-    } else if (n >= 8 && (size_t)DN * KR <= g_panel_stride) {
+    } else if (n > MATVEC_MAX_TOKENS && (size_t)DN * KR <= g_panel_stride) {
         float *w_uk = g_panel + (size_t)thread_id() * g_panel_stride; /* [DN][KR] */
         for (int i = 0; i < DN; i++) dequant_row(&L->kv_b, h * (DN + DV) + i, w_uk + (size_t)i * KR);
         for (int j0 = 0; j0 < KR; j0 += 32)
             kernels.gemm_panel(w_uk + j0, KR, DN, s->q + (size_t)h * QD, NH * QD, n, s->q_abs + (size_t)h * AD + j0, NH * AD,
                                KR - j0 < 32 ? KR - j0 : 32);
-    } else if (n == 1 && L->kv_b.fmt == WF_BF16 && kernels.matvec_transposed_bf16) {
-        kernels.matvec_transposed_bf16(&L->kv_b, h * (DN + DV), DN, s->q + (size_t)h * QD, s->q_abs + (size_t)h * AD);
+    } else if (L->kv_b.fmt == WF_BF16 && kernels.matvec_transposed_bf16) {
+        /* a decode step's few tokens: each token's own pass (the 192 KB of W_UK[h] stay in
+         * L2 for the next), so its q_abs is the same whatever runs beside it */
+        for (int t = 0; t < n; t++)
+            kernels.matvec_transposed_bf16(&L->kv_b, h * (DN + DV), DN, s->q + ((size_t)t * NH + h) * QD, s->q_abs + ((size_t)t * NH + h) * AD);
     } else {
         for (int i = 0; i < DN; i++) {
             dequant_row(&L->kv_b, h * (DN + DV) + i, row);
@@ -596,40 +628,50 @@ static void head_block_values(const Config *c, const float *latent, const int *s
     }
 }
 
-/* un-absorb: o_heads[t][h] = W_UV[h] · o_lat[t][h]. For one token the NH small products
- * (DV rows each, a different x each) go to matvec_jobs as one pool: 1.8x the GB/s of a
- * parallel loop over heads of one product each, whose per-call costs (x's layout, a
- * nested parallel region) weigh on 256 KB of weights. */
-static void unabsorb(const Config *c, const Layer *L, RunState *s, int n) {
+/* un-absorb: o_heads[t][h] = W_UV[h] · o_lat[t][h]. A decode step's tokens (up to
+ * MATVEC_MAX_TOKENS) make NH small products each (DV rows, a different x each): they go
+ * to matvec_jobs as one pool, head by head, so each head's 256 KB of W_UV is read from
+ * memory once for all the tokens and each token's sums are its one-token products' (1.8x
+ * the GB/s of a parallel loop over heads of one product each, whose per-call costs, x's
+ * layout and a nested parallel region, weigh on 256 KB of weights). A prompt chunk: a
+ * product of its tokens per head. */
+static void fast_mla_unabsorb(const Config *c, const Layer *L, RunState *s, int n) {
     const int NH = c->n_heads, DN = c->qk_nope, DV = c->v_head, KR = c->kv_lora_rank;
-    if (n == 1) {
-        Matvec job[NH];
+    if (n <= MATVEC_MAX_TOKENS) {
+        Matvec job[NH * n];
         for (int h = 0; h < NH; h++)
-            job[h] = (Matvec){&L->kv_b, h * (DN + DV) + DN, DV, s->o_lat + (size_t)h * KR, s->o_heads + (size_t)h * DV};
-        matvec_jobs(job, NH, g_uv_xs, XS_FOR(KR), 1);
+            for (int t = 0; t < n; t++)
+                job[h * n + t] = (Matvec){&L->kv_b, h * (DN + DV) + DN, DV, s->o_lat + ((size_t)t * NH + h) * KR, s->o_heads + ((size_t)t * NH + h) * DV};
+        matvec_jobs(job, NH * n, g_uv_xs, XS_FOR(KR), 1);
     } else
         for (int h = 0; h < NH; h++)
             matmul_rows(s->o_heads + (size_t)h * DV, NH * DV, s->o_lat + (size_t)h * KR, NH * KR, &L->kv_b, h * (DN + DV) + DN, DV, n);
 }
 
+/* glm.c's mla_absorb, head by head on the threads (absorb_head). */
+static void fast_mla_absorb(const Config *c, const Layer *L, RunState *s, int n) {
+    const int bf16 = n > MATVEC_MAX_TOKENS && g_lat_bf16 && (c->kv_lora_rank + c->qk_rope) % 2 == 0;
+#pragma omp parallel
+    {
+        AttnBf16 b = {0};
+        if (bf16) b = thread_attn_bf16(c, c->index_topk); /* (the absorb's parts do not depend on the context) */
+#pragma omp for schedule(static)
+        for (int h = 0; h < c->n_heads; h++) absorb_head(c, L, s, n, h, bf16, &b);
+    }
+}
+
 /* glm.c's mla_attend_absorbed, with the products as GEMMs: scores, softmax and the
  * latent value sum per (token, block of heads), so the heads of a block share each
  * cached row while it is in L1 and a long context is read once per block rather than
- * once per head. A prompt chunk in the default precision runs every product in bf16
- * (vdpbf16ps), its panels built from W_UK's rows and the cached latents rounded to bf16. */
+ * once per head. A prompt chunk with bf16 products runs them in bf16 (vdpbf16ps), from
+ * the cached latents rounded to bf16. */
 static void fast_mla_attend(const Model *m, const Layer *L, const KVCache *kv, RunState *s, int layer, int n, int pos0) {
+    (void)L;
     const Config *c = &m->cfg;
     const int NH = c->n_heads, KR = c->kv_lora_rank, AD = KR + c->qk_rope, K = c->index_topk;
     const float *latent = kv->latent + (size_t)layer * kv->ctx * AD;
     const float scale = 1.0f / sqrtf((float)(c->qk_nope + c->qk_rope)); /* pitfall 7 */
     const int bf16 = n >= 8 && g_lat_bf16 && AD % 2 == 0;
-#pragma omp parallel
-    {
-        AttnBf16 b = {0};
-        if (bf16) b = thread_attn_bf16(c, kv->ctx);
-#pragma omp for schedule(static)
-        for (int h = 0; h < NH; h++) absorb_head(c, L, s, n, h, bf16, &b);
-    }
     if (bf16) { /* the rows this chunk may read, once per layer and chunk */
 #pragma omp parallel for schedule(static)
         for (int r = 0; r < pos0 + n; r++) kernels.round_bf16(latent + (size_t)r * AD, AD, g_lat_bf16 + (size_t)r * AD, AD);
@@ -652,17 +694,16 @@ static void fast_mla_attend(const Model *m, const Layer *L, const KVCache *kv, R
             head_block_values(c, latent, sel, ns, nh, bf16, &b, score, lds, s->o_lat + ((size_t)t * NH + h0) * KR);
         }
     }
-    unabsorb(c, L, s, n);
 }
 
 /* ======================================================================== */
 /* the MoE                                                                  */
 
-/* One product of a few tokens for moe_tokens' pool: y[t*ldy + i] = W[i]·x_t, t < n, x_t =
- * xb + t*XS_COLS (matvec_order_bf16's layout, rounded). */
+/* One product of a few tokens for moe_tokens' pool: y[t*ldy + i] = W[i]·x_t, t < n, x_t at
+ * row t (XS_COLS apart) of x, as W's kernel reads it (token_layouts). */
 typedef struct {
     const Mat *W;
-    const uint16_t *xb;
+    const void *x; /* bf16 products: matvec_order_bf16's layout, rounded; fp32: see token_layouts */
     int n, ldy;
     float *y;
 } TokenProduct;
@@ -684,7 +725,9 @@ static void token_products(const TokenProduct *p, int np) {
     for (int k = 0; k < runs; k++) {
         const TokenProduct *q = &p[run[k][0]];
         const int r = run[k][1], nr = q->W->rows - r < rows_of[run[k][0]] ? q->W->rows - r : rows_of[run[k][0]];
-        kernels.matvec_bf16_n(q->W, r, nr, q->xb, XS_COLS, q->n, q->y + r, (size_t)q->ldy);
+        if (matvec_in_bf16(q->W)) kernels.matvec_bf16_n(q->W, r, nr, q->x, XS_COLS, q->n, q->y + r, (size_t)q->ldy);
+        else if (kernels.matvec_n_packed) kernels.matvec_n_packed(q->W, r, nr, q->x, q->n, q->y + r, (size_t)q->ldy);
+        else kernels.matvec_n(q->W, r, nr, q->x, XS_COLS, q->x, XS_COLS, q->n, q->y + r, (size_t)q->ldy);
     }
     free(run);
 }
@@ -712,12 +755,12 @@ static int moe_tokens(const Model *m, const Layer *L, RunState *s, const float *
     TokenProduct job[2 * (E + 1)];
     int nj = 0;
     /* gate and up: the shared expert on all n tokens, each chosen expert on its tokens */
-    uint16_t *xb = g_moe_xb;
+    char *xb = g_moe_x;
     if (c->n_shared) {
         token_layouts(&L->sh_gate, x, H, NULL, n, xb);
         job[nj++] = (TokenProduct){&L->sh_gate, xb, n, SF, h1s};
         job[nj++] = (TokenProduct){&L->sh_up, xb, n, SF, h2s};
-        xb += (size_t)n * XS_COLS;
+        xb += (size_t)n * XS_COLS * layout_bytes(&L->sh_gate);
     }
     for (int p = 0; p < P;) {
         int q = p;
@@ -726,7 +769,7 @@ static int moe_tokens(const Model *m, const Layer *L, RunState *s, const float *
         token_layouts(&L->ex_gate[e], x, H, pair_t + p, q - p, xb);
         job[nj++] = (TokenProduct){&L->ex_gate[e], xb, q - p, FI, h1r + (size_t)p * FI};
         job[nj++] = (TokenProduct){&L->ex_up[e], xb, q - p, FI, h2r + (size_t)p * FI};
-        xb += (size_t)(q - p) * XS_COLS;
+        xb += (size_t)(q - p) * XS_COLS * layout_bytes(&L->ex_gate[e]);
         p = q;
     }
     token_products(job, nj);
@@ -734,18 +777,18 @@ static int moe_tokens(const Model *m, const Layer *L, RunState *s, const float *
     swiglu_act(h1r, h2r, P, FI);
     /* down: into y (the shared expert, unscaled: pitfall 8) and each pair's row of ex_y */
     nj = 0;
-    xb = g_moe_xb;
+    xb = g_moe_x;
     if (c->n_shared) {
         token_layouts(&L->sh_down, h1s, SF, NULL, n, xb);
         job[nj++] = (TokenProduct){&L->sh_down, xb, n, H, y};
-        xb += (size_t)n * XS_COLS;
+        xb += (size_t)n * XS_COLS * layout_bytes(&L->sh_down);
     } else memset(y, 0, (size_t)n * H * sizeof(float));
     for (int p = 0; p < P;) {
         int q = p;
         while (q < P && pair_e[q] == pair_e[p]) q++;
         token_layouts(&L->ex_down[pair_e[p]], h1r + (size_t)p * FI, FI, NULL, q - p, xb);
         job[nj++] = (TokenProduct){&L->ex_down[pair_e[p]], xb, q - p, H, s->ex_y + (size_t)p * H};
-        xb += (size_t)(q - p) * XS_COLS;
+        xb += (size_t)(q - p) * XS_COLS * layout_bytes(&L->ex_down[pair_e[p]]);
         p = q;
     }
     token_products(job, nj);
@@ -763,8 +806,8 @@ static int moe_tokens(const Model *m, const Layer *L, RunState *s, const float *
 static void fast_moe_experts(const Model *m, const Layer *L, RunState *s, const float *x, float *y, int n) {
     const Config *c = &m->cfg;
     if (n > 1) {
-        const int fits = n <= MATVEC_MAX_TOKENS && kernels.matvec_bf16_n && matvec_in_bf16(&L->ex_gate[0]) &&
-                         (!c->n_shared || matvec_in_bf16(&L->sh_gate));
+        const int fits = n <= MATVEC_MAX_TOKENS && few_tokens_kernel(&L->ex_gate[0]) && few_tokens_kernel(&L->ex_down[0]) &&
+                         (!c->n_shared || (few_tokens_kernel(&L->sh_gate) && few_tokens_kernel(&L->sh_down)));
         if (!fits || !moe_tokens(m, L, s, x, y, n)) moe_experts(m, L, s, x, y, n);
         return;
     }
@@ -804,11 +847,19 @@ static void fast_moe_experts(const Model *m, const Layer *L, RunState *s, const 
 /* ======================================================================== */
 /* choosing the path                                                        */
 
+/* x's layouts start on cache lines: a kernel's 64-byte loads would otherwise each touch two */
+static void *xmalloc64(size_t n) {
+    void *p = aligned_alloc(64, (n + 63) & ~(size_t)63);
+    if (!p) glm_fatal("out of memory (%zu bytes)", n);
+    return p;
+}
+
 static void fast_release(void) {
-    void *all[] = {g_row_scratch, g_x_split, g_panel, g_x_bf16, g_pool_xs, g_tokens_xs, g_moe_xb, g_uv_xs, g_scores, g_lat_bf16, g_attn_bf16};
+    void *all[] = {g_row_scratch, g_x_split, g_panel, g_x_bf16, g_pool_xs, g_tokens_xs, g_moe_x, g_uv_xs, g_scores, g_lat_bf16, g_attn_bf16};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) free(all[i]);
     g_row_scratch = g_x_split = g_panel = g_pool_xs = g_tokens_xs = g_uv_xs = g_scores = NULL;
-    g_x_bf16 = g_moe_xb = g_lat_bf16 = g_attn_bf16 = NULL;
+    g_x_bf16 = g_lat_bf16 = g_attn_bf16 = NULL;
+    g_moe_x = NULL;
 }
 
 static int widest_matrix(const Config *c) { /* columns of the widest matrix, or 2H */
@@ -834,16 +885,16 @@ static void fast_prepare(const Config *c, int cap, int ctx) {
     g_cap = cap;
     g_scratch_cols = max_cols;
     g_row_scratch = xmalloc((size_t)g_threads * (size_t)max_cols * sizeof(float));
-    g_x_split = xmalloc((size_t)g_threads * XS_COLS * sizeof(float));
+    g_x_split = xmalloc64((size_t)g_threads * XS_COLS * sizeof(float));
     const size_t bf16_gemm = (size_t)PANEL_KC * 32 + (size_t)PREFILL_CHUNK * 32; /* panel, stage, y tile */
     g_panel_stride = (size_t)65 * max_cols > bf16_gemm ? (size_t)65 * max_cols : bf16_gemm;
     g_panel = xcalloc((size_t)g_threads * g_panel_stride, sizeof(float));
     g_x_bf16 = xcalloc((size_t)PREFILL_CHUNK * (max_cols + 64), sizeof(uint16_t));
-    g_pool_xs = xmalloc((size_t)(c->n_active + 1 > 2 ? 2 * (c->n_active + 1) : 4) * XS_COLS * sizeof(float));
-    g_tokens_xs = xmalloc((size_t)g_threads * MATVEC_MAX_TOKENS * XS_COLS * sizeof(float));
+    g_pool_xs = xmalloc64((size_t)(c->n_active + 1 > 2 ? 2 * (c->n_active + 1) : 4) * XS_COLS * sizeof(float));
+    g_tokens_xs = xmalloc64((size_t)g_threads * MATVEC_MAX_TOKENS * XS_COLS * sizeof(float));
     g_moe_rows = MATVEC_MAX_TOKENS * (c->n_active + 1);
-    g_moe_xb = xmalloc((size_t)g_moe_rows * XS_COLS * sizeof(uint16_t));
-    g_uv_xs = xmalloc((size_t)c->n_heads * XS_FOR(c->kv_lora_rank) * sizeof(float));
+    g_moe_x = xmalloc64((size_t)g_moe_rows * XS_COLS * sizeof(float)); /* fp32 layouts or bf16 ones */
+    g_uv_xs = xmalloc64((size_t)c->n_heads * MATVEC_MAX_TOKENS * XS_FOR(c->kv_lora_rank) * sizeof(float));
     g_scores = xmalloc((size_t)g_threads * ATTN_HEAD_BLOCK * PROBS_STRIDE(ctx) * sizeof(float));
     if (g_act_bf16 && kernels.gemm_panel_bf16 && kernels.pack_pairs_bf16 && kernels.build_panel_bf16 && kernels.round_bf16) {
         const size_t topk = (size_t)(c->index_topk < ctx ? c->index_topk : ctx);
@@ -858,6 +909,8 @@ static void fast_prepare(const Config *c, int cap, int ctx) {
                           AD * (64 + KEY_BLOCK) + (size_t)c->index_topk * 32 <= g_panel_stride;
     ops.index_scores = ix_fits ? fast_index_scores : index_scores;
     ops.mla_attend = attn_fits ? fast_mla_attend : mla_attend_absorbed;
+    ops.mla_absorb = fast_mla_absorb;
+    ops.mla_unabsorb = fast_mla_unabsorb;
 }
 
 void fast_init(const char *want, int bf16) {

@@ -254,7 +254,7 @@ static void indexer(const Model *m, const Layer *L, KVCache *kv, RunState *s, in
  */
 
 /* q_abs[t][h] = (W_UK[h]ᵀ · q_nope[t][h], q_pe[t][h]) for every token and head. */
-static void mla_absorb(const Config *c, const Layer *L, RunState *s, int n) {
+void mla_absorb(const Config *c, const Layer *L, RunState *s, int n) {
     const int NH = c->n_heads, DN = c->qk_nope, DR = c->qk_rope, DV = c->v_head, KR = c->kv_lora_rank;
     const int QD = DN + DR, AD = KR + DR;
 #pragma omp parallel
@@ -286,7 +286,7 @@ static void mla_attend_head(const float *qa, const float *latent, const int *sel
 }
 
 /* o_heads[t][h] = W_UV[h] · o_lat[t][h] for every token and head. */
-static void mla_unabsorb(const Config *c, const Layer *L, RunState *s, int n) {
+void mla_unabsorb(const Config *c, const Layer *L, RunState *s, int n) {
     const int NH = c->n_heads, DN = c->qk_nope, DV = c->v_head, KR = c->kv_lora_rank;
 #pragma omp parallel
     {
@@ -301,20 +301,20 @@ static void mla_unabsorb(const Config *c, const Layer *L, RunState *s, int n) {
     }
 }
 
-/* pos0 is unused here: the selection (s->sel) names every cached row a token reads. */
+/* The attention itself, between the absorb and the un-absorb: every head of n tokens
+ * over the cached latents its token selected, s->q_abs -> s->o_lat. pos0 is unused here:
+ * the selection (s->sel) names every cached row a token reads. */
 void mla_attend_absorbed(const Model *m, const Layer *L, const KVCache *kv, RunState *s, int layer, int n, int pos0) {
-    (void)pos0;
+    (void)pos0; (void)L;
     const Config *c = &m->cfg;
     const int NH = c->n_heads, KR = c->kv_lora_rank, AD = KR + c->qk_rope, K = c->index_topk;
     const float *latent = kv->latent + (size_t)layer * kv->ctx * AD;
     const float scale = 1.0f / sqrtf((float)(c->qk_nope + c->qk_rope)); /* of qk_head_dim, not of the latent width (pitfall 7) */
-    mla_absorb(c, L, s, n);
 #pragma omp parallel for collapse(2) schedule(dynamic, 1)
     for (int t = 0; t < n; t++)
         for (int h = 0; h < NH; h++)
             mla_attend_head(s->q_abs + ((size_t)t * NH + h) * AD, latent, s->sel + (size_t)t * K, s->n_sel[t], KR, AD, scale,
                             thread_scores(s, kv->ctx), s->o_lat + ((size_t)t * NH + h) * KR);
-    mla_unabsorb(c, L, s, n);
 }
 
 /* The rows of a chunk that belong to one sequence: rows start..start+n-1, at positions
@@ -349,11 +349,11 @@ static RunState rows_from(const RunState *s, const Config *c, int start) {
     return v;
 }
 
-/* One span's part of attention: q_pe and the new latent rows get RoPE at their
- * positions, the rows join the cache, then the indexer ("full" layers) or the previous
- * layer's selection ("shared" layers, IndexShare §3.6), and attention over the
- * selected rows. s is the span's view (rows_from). */
-static void attend_span(const Model *m, const Layer *L, KVCache *kv, RunState *s, int layer, int n, int pos0) {
+/* One span's cache rows and selection: q_pe and the new latent rows get RoPE at their
+ * positions, the rows join the cache, then the indexer ("full" layers) picks the rows
+ * each token attends to, or the previous layer's selection stands ("shared" layers,
+ * IndexShare §3.6). s is the span's view (rows_from). */
+static void span_rows(const Model *m, const Layer *L, KVCache *kv, RunState *s, int layer, int n, int pos0) {
     const Config *c = &m->cfg;
     const int NH = c->n_heads, DN = c->qk_nope, DR = c->qk_rope, KR = c->kv_lora_rank, AD = KR + DR;
     float cs[DR];
@@ -366,7 +366,6 @@ static void attend_span(const Model *m, const Layer *L, KVCache *kv, RunState *s
         rope(row + KR, DR, cs);
     }
     if (L->has_indexer) indexer(m, L, kv, s, n, pos0); /* a shared layer keeps s->sel */
-    ops.mla_attend(m, L, kv, s, layer, n, pos0);
 }
 
 /* One attention block for the chunk's B rows (§3.3): the projections, each span's
@@ -384,8 +383,16 @@ static void attention(const Model *m, const Layer *L, RunState *s, int layer, co
     ops.matmul_group(from_cq, ix ? 2 : 1, B);
     for (int i = 0; i < n_span; i++) {
         RunState v = rows_from(s, c, span[i].start);
-        attend_span(m, L, span[i].kv, &v, layer, span[i].n, span[i].pos0);
+        span_rows(m, L, span[i].kv, &v, layer, span[i].n, span[i].pos0);
     }
+    /* the absorb and the un-absorb are a token's own arithmetic: all rows at once (each
+     * head's W_UK and W_UV read once); the attention between them reads each span's cache */
+    ops.mla_absorb(c, L, s, B);
+    for (int i = 0; i < n_span; i++) {
+        RunState v = rows_from(s, c, span[i].start);
+        ops.mla_attend(m, L, span[i].kv, &v, layer, span[i].n, span[i].pos0);
+    }
+    ops.mla_unabsorb(c, L, s, B);
     ops.matmul(s->out, s->o_heads, &L->o, B);
 }
 
@@ -674,7 +681,7 @@ void mtp_draft_shared(const Model *m, KVCache *kv, RunState *s, const float *h, 
 
 /* The table the forward pass calls through (glm.h); fast_init may replace entries. */
 Ops ops = {.name = "plain C", .precision = "fp32", .matmul = matmul, .matmul_group = matmul_group, .index_scores = index_scores,
-           .mla_attend = mla_attend_absorbed, .moe_experts = moe_experts};
+           .mla_absorb = mla_absorb, .mla_attend = mla_attend_absorbed, .mla_unabsorb = mla_unabsorb, .moe_experts = moe_experts};
 
 /* ======================================================================== */
 /* 8. activations and the KV cache                                          */

@@ -272,9 +272,13 @@ typedef struct {
     /* the DSA indexer's score of n_keys cached keys [n_keys][ID] for one query token:
      * q [IH][ID] (roped), w [IH] (head gates) */
     void (*index_scores)(const Config *c, const float *q, const float *w, const float *keys, int n_keys, float *score);
-    /* absorbed MLA for the chunk's n tokens at positions pos0.. over their selected keys
-     * (s->sel) in latent row `layer` of the cache: s->q -> s->o_heads (§4.2) */
+    /* absorbed MLA (§4.2) in three steps: the absorb s->q -> s->q_abs for n rows; the
+     * attention of n tokens at positions pos0.. over their selected keys (s->sel) in
+     * latent row `layer` of the cache, s->q_abs -> s->o_lat; the un-absorb s->o_lat ->
+     * s->o_heads for n rows */
+    void (*mla_absorb)(const Config *c, const Layer *L, RunState *s, int n);
     void (*mla_attend)(const Model *m, const Layer *L, const KVCache *kv, RunState *s, int layer, int n, int pos0);
+    void (*mla_unabsorb)(const Config *c, const Layer *L, RunState *s, int n);
     /* the shared and the routed experts of a MoE layer, routing done (s->ex_idx, s->ex_w) */
     void (*moe_experts)(const Model *m, const Layer *L, RunState *s, const float *x, float *y, int n);
     /* scratch for chunks of cap tokens and contexts of ctx (may be NULL) */
@@ -288,7 +292,9 @@ extern Ops ops;
 void matmul(float *y, const float *x, const Mat *W, int n);
 void matmul_group(const Product *p, int np, int n);
 void index_scores(const Config *c, const float *q, const float *w, const float *keys, int n_keys, float *score);
+void mla_absorb(const Config *c, const Layer *L, RunState *s, int n);
 void mla_attend_absorbed(const Model *m, const Layer *L, const KVCache *kv, RunState *s, int layer, int n, int pos0);
+void mla_unabsorb(const Config *c, const Layer *L, RunState *s, int n);
 void moe_experts(const Model *m, const Layer *L, RunState *s, const float *x, float *y, int n);
 void softmax(float *x, int n);
 /* h_gate = SiLU(h_gate) ⊙ h_up for n rows of width F (the SwiGLU activation) */
@@ -582,6 +588,8 @@ typedef struct {
      * Each row is decoded once for all n, and token t's sums are bit for bit matvec's for
      * x_t alone, whatever n is (where the CPU has no matvec_bf16_n: AVX2). */
     void (*matvec_n)(const Mat *W, int r0, int nr, const float *x, size_t ldx, const float *xs, size_t ldxs, int n, float *y, size_t ldy);
+    /* the same with the tokens' x as pack_tokens_x lays them out (AVX-512) */
+    void (*matvec_n_packed)(const Mat *W, int r0, int nr, const float *xp, int n, float *y, size_t ldy);
     void (*dequant_row)(const Mat *W, int r, float *out);
     /* Y[t*ldy + j] += Σ_k P[k*ldp + j]·X[t*ldx + k], j < nj <= 32, t < n, k < K: the prefill
      * product against a panel of 32 dequantized rows stored k-major (ldp = 32), also used
@@ -620,8 +628,14 @@ typedef struct {
 } Kernels;
 extern Kernels kernels;
 /* x prepared the way the SIMD matvec reads it for W's format (MXFP4: each 32-block as
- * its 16 even then 16 odd elements; FP8: x * 2^64); untouched otherwise */
+ * its 16 even then 16 odd elements); untouched otherwise */
 void matvec_split_x(const Mat *W, const float *x, float *xs);
+/* n tokens' x (token t at x + (rows ? rows[t] : t)*ldx) as kernels.matvec_n_packed reads
+ * them: groups of PACK_GROUP tokens, each [16-float vector][token][16] of matvec_split_x's
+ * order, zero past cols; n * PACKED_X_FLOATS(cols) floats */
+#define PACK_GROUP 8
+#define PACKED_X_FLOATS(cols) ((size_t)((cols) + 15) / 16 * 16)
+void pack_tokens_x(const Mat *W, const float *x, size_t ldx, const int *rows, int n, float *xp);
 /* xs[0 .. cols rounded up to 128) = x in the order matvec_bf16 reads it for W's format
  * (FP8: times 2^64), zeros past cols */
 void matvec_order_bf16(const Mat *W, const float *x, float *xs);

@@ -47,6 +47,28 @@ void matvec_split_x(const Mat *W, const float *x, float *xs) {
         }
 }
 
+/* The n tokens' x (token t at x + (rows ? rows[t] : t)*ldx) as kernels.matvec_n_packed
+ * reads them: in groups of PACK_GROUP tokens (the last may have fewer), each group
+ * vector by vector, the group's tokens side by side, 16 floats each: float j of vector v
+ * of token g of a group of G at (v*G + g)*16 + j. A vector holds positions 16v.. of x in
+ * W's order (matvec_split_x's for MXFP4, x's own otherwise), zeros past the row's end.
+ * One pointer with constant offsets then reaches every token's x: a kernel that sums
+ * eight tokens has no general registers to spare for eight pointers. */
+void pack_tokens_x(const Mat *W, const float *x, size_t ldx, const int *rows, int n, float *xp) {
+    const int nv = (W->cols + 15) / 16;
+    for (int t0 = 0; t0 < n; t0 += PACK_GROUP) {
+        const int G = n - t0 < PACK_GROUP ? n - t0 : PACK_GROUP;
+        float *group = xp + (size_t)t0 * nv * 16;
+        for (int g = 0; g < G; g++) {
+            const float *xt = x + (size_t)(rows ? rows[t0 + g] : t0 + g) * ldx;
+            for (int p = 0; p < 16 * nv; p++) {
+                const int c = W->fmt == WF_MXFP4 ? p / 32 * 32 + 2 * (p % 16) + (p % 32) / 16 : p; /* the column at position p */
+                group[((size_t)(p / 16) * G + g) * 16 + p % 16] = p < W->cols ? xt[c] : 0.0f;
+            }
+        }
+    }
+}
+
 /* Column of x that position p of the prepared vector holds (past the matrix: >= cols). */
 static int bf16_x_column(WeightFormat fmt, int p) {
     if (fmt == WF_FP8) /* per 64 columns: the 32 even ones, then the 32 odd ones */
@@ -243,7 +265,7 @@ AVX512 static inline __m512 fp8x16_placed(const uint8_t *p) {
  * (8 x 24 KB at 6144 columns), so such a pass goes over chunks of rows a block of columns
  * at a time: the block's x stays in L1 for all the chunk's rows while their sums wait in
  * memory. */
-#define F32_GROUP 8        /* tokens per pass over a row */
+#define F32_GROUP PACK_GROUP /* tokens per pass over a row (8) */
 #define F32_CHUNK_ROWS 16  /* rows per chunk of a blocked pass */
 #define F32_BLOCK_COLS 512 /* columns per block of a blocked pass (a multiple of 32) */
 #ifndef F32_AHEAD
@@ -282,6 +304,32 @@ MV32 sums_bf16(F32_LOOP_ARGS) {
         const __mmask16 m0 = left >= 16 ? 0xFFFF : (__mmask16)((1u << left) - 1);
         const __mmask16 m1 = left > 16 ? (__mmask16)((1u << (left - 16)) - 1) : 0;
         const __m512 w0 = bf16x16_masked(w + k, m0), w1 = bf16x16_masked(w + k + 16, m1);
+        #pragma GCC unroll 8
+        for (int g = 0; g < G; g++) {
+            a0[g] = _mm512_fmadd_ps(w0, _mm512_maskz_loadu_ps(m0, x + 16 * g), a0[g]);
+            if (m1) a1[g] = _mm512_fmadd_ps(w1, _mm512_maskz_loadu_ps(m1, x + 16 * (G + g)), a1[g]);
+        }
+    }
+}
+
+MV32 sums_f32(F32_LOOP_ARGS) {
+    const float *w = (const float *)W->w + (size_t)r * W->cols;
+    const uint8_t *p = pf;
+    for (; k + 32 <= k1; k += 32, x += 32 * G) {
+        if (pf) { _mm_prefetch((const char *)p, _MM_HINT_T0); _mm_prefetch((const char *)p + 64, _MM_HINT_T0); p += 128; }
+        else { PREFETCH(w + k); PREFETCH(w + k + 16); }
+        const __m512 w0 = _mm512_loadu_ps(w + k), w1 = _mm512_loadu_ps(w + k + 16);
+        #pragma GCC unroll 8
+        for (int g = 0; g < G; g++) {
+            a0[g] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x + 16 * g), a0[g]);
+            a1[g] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x + 16 * (G + g)), a1[g]);
+        }
+    }
+    if (k < k1) {
+        const int left = k1 - k;
+        const __mmask16 m0 = left >= 16 ? 0xFFFF : (__mmask16)((1u << left) - 1);
+        const __mmask16 m1 = left > 16 ? (__mmask16)((1u << (left - 16)) - 1) : 0;
+        const __m512 w0 = _mm512_maskz_loadu_ps(m0, w + k), w1 = _mm512_maskz_loadu_ps(m1, w + k + 16);
         #pragma GCC unroll 8
         for (int g = 0; g < G; g++) {
             a0[g] = _mm512_fmadd_ps(w0, _mm512_maskz_loadu_ps(m0, x + 16 * g), a0[g]);
@@ -345,6 +393,7 @@ MV32 row_sums_f32(const Mat *W, int r, int k0, int k1, const float *q, const uin
     for (int g = 0; g < G; g++) { a0[g] = sums->s[g][0]; a1[g] = sums->s[g][1]; }
     const float *x = q + (size_t)(k0 / 16) * G * 16;
     switch (W->fmt) {
+    case WF_F32: if (pf) sums_f32(W, r, k0, k1, x, pf, a0, a1, G); else sums_f32(W, r, k0, k1, x, NULL, a0, a1, G); break;
     case WF_BF16: if (pf) sums_bf16(W, r, k0, k1, x, pf, a0, a1, G); else sums_bf16(W, r, k0, k1, x, NULL, a0, a1, G); break;
     case WF_FP8: if (pf) sums_fp8(W, r, k0, k1, x, pf, a0, a1, G); else sums_fp8(W, r, k0, k1, x, NULL, a0, a1, G); break;
     default: if (pf) sums_mxfp4(W, r, k0, k1, x, pf, a0, a1, G); else sums_mxfp4(W, r, k0, k1, x, NULL, a0, a1, G); break;
@@ -353,24 +402,19 @@ MV32 row_sums_f32(const Mat *W, int r, int k0, int k1, const float *q, const uin
     for (int g = 0; g < G; g++) { sums->s[g][0] = a0[g]; sums->s[g][1] = a1[g]; }
 }
 
-/* q = G tokens' x (token g at x + g*ldx) interleaved as row_sums_f32 reads them, each
- * vector times mult[its column / 128] (mult NULL: times 1); zero past n. */
-MV32 interleave_x(const float *x, size_t ldx, int n, const float *mult, float *q, const int G) {
+/* FP8's x' for the rows of scale block rb: q (G tokens interleaved) times
+ * scale[rb][column / 128] * 2^64, into xq (one token's x is x itself: its last vector
+ * may be partial). */
+MV32 fp8_x_scaled(const Mat *W, int rb, const float *q, float *xq, const int G) {
+    const int n = W->cols, nb = (n + 127) / 128;
+    const float *scale = W->fp8_scale + (size_t)rb * nb;
     for (int k = 0; k < n; k += 16) {
         const __mmask16 m = n - k >= 16 ? 0xFFFF : (__mmask16)((1u << (n - k)) - 1);
-        const __m512 s = _mm512_set1_ps(mult ? mult[k / 128] : 1.0f);
+        const __m512 s = _mm512_set1_ps(scale[k / 128] * 0x1p64f);
+        const size_t v = (size_t)(k / 16) * G * 16;
         #pragma GCC unroll 8
-        for (int g = 0; g < G; g++)
-            _mm512_storeu_ps(q + ((size_t)(k / 16) * G + g) * 16, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + g * ldx + k), s));
+        for (int g = 0; g < G; g++) _mm512_mask_storeu_ps(xq + v + 16 * g, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, q + v + 16 * g), s));
     }
-}
-
-/* FP8's x' for the rows of scale block rb: x * scale[rb][column / 128] * 2^64, interleaved */
-MV32 fp8_x_scaled(const Mat *W, int rb, const float *x, size_t ldx, float *q, const int G) {
-    const int nb = (W->cols + 127) / 128;
-    float mult[nb];
-    for (int b = 0; b < nb; b++) mult[b] = W->fp8_scale[(size_t)rb * nb + b] * 0x1p64f;
-    interleave_x(x, ldx, W->cols, mult, q, G);
 }
 
 MV32 zero_sums(RowSums *sums, const int G) {
@@ -386,32 +430,31 @@ MV32 store_sums(const RowSums *sums, float post, float *y, size_t ldy, const int
 /* Where row r's weights for column k start. */
 AVX512 static inline const uint8_t *weight_at(const Mat *W, int r, int k) {
     const size_t i = (size_t)r * W->cols + k;
-    return W->fmt == WF_BF16 ? W->w + 2 * i : W->fmt == WF_FP8 ? W->w + i : W->w + i / 2;
+    return W->fmt == WF_F32 ? W->w + 4 * i : W->fmt == WF_BF16 ? W->w + 2 * i : W->fmt == WF_FP8 ? W->w + i : W->w + i / 2;
 }
 
-/* y[g*ldy + i] = W[r0+i]·x_g for i < nr and G tokens (x_g = x + g*ldx, split as xs + g*ldxs).
+/* y[g*ldy + i] = W[r0+i]·x_g for i < nr and G tokens, q: their x interleaved
+ * (pack_tokens_x; one token: x itself, or matvec_split_x's xs for MXFP4).
  * Results below fp32's normal range are flushed to zero (MXCSR's FTZ): on Intel cores an
  * FMA that underflows costs ~100 cycles, and such a term (< 2^-126) changes no sum. An
  * E4M3 subnormal placed as fp32 is a subnormal operand, which such cores also handle
  * slowly; real checkpoints hold ~1e-4 of those codes, so they stay exact. */
-MV32 rows_f32(const Mat *W, int r0, int nr, const float *x, size_t ldx, const float *xs, size_t ldxs, float *y, size_t ldy, const int G) {
-    const int n = W->cols, fp8 = W->fmt == WF_FP8, mx = W->fmt == WF_MXFP4;
+MV32 rows_f32(const Mat *W, int r0, int nr, const float *q, float *y, size_t ldy, const int G) {
+    const int n = W->cols, fp8 = W->fmt == WF_FP8;
     const float post = fp8 ? 0x1p56f : 1.0f;
     const int blocked = G > 1 && G * n > F32_L1_FLOATS;
     const unsigned csr = _mm_getcsr();
     _mm_setcsr(csr | 0x8000); /* FTZ */
-    /* the tokens' x interleaved (one token: x itself but for FP8's x') */
-    float xq[fp8 || G > 1 ? G * ((n + 15) & ~15) : 1];
-    const float *q = fp8 || G > 1 ? xq : mx ? xs : x;
-    if (!fp8 && G > 1) interleave_x(mx ? xs : x, mx ? ldxs : ldx, n, NULL, xq, G);
+    float xq[fp8 ? G * ((n + 15) & ~15) : 1]; /* FP8's x' for the rows' scale block */
+    const float *x = fp8 ? xq : q;
     int qb = -1; /* FP8: the scale block xq is for */
     if (!blocked) { /* one row at a time, whole: each thread reads one sequential stream */
         for (int i = 0; i < nr; i++) {
             const int r = r0 + i;
-            if (fp8 && r / 128 != qb) { qb = r / 128; fp8_x_scaled(W, qb, x, ldx, xq, G); }
+            if (fp8 && r / 128 != qb) { qb = r / 128; fp8_x_scaled(W, qb, q, xq, G); }
             RowSums sums;
             zero_sums(&sums, G);
-            row_sums_f32(W, r, 0, n, q, NULL, &sums, G);
+            row_sums_f32(W, r, 0, n, x, NULL, &sums, G);
             store_sums(&sums, post, y + i, ldy, G);
         }
         _mm_setcsr(csr);
@@ -425,18 +468,17 @@ MV32 rows_f32(const Mat *W, int r0, int nr, const float *x, size_t ldx, const fl
     for (int i0 = 0; i0 < nr;) {
         int rb = nr - i0 < F32_CHUNK_ROWS ? nr - i0 : F32_CHUNK_ROWS;
         if (fp8 && (r0 + i0) % 128 + rb > 128) rb = 128 - (r0 + i0) % 128; /* within one scale block */
+        if (fp8 && (r0 + i0) / 128 != qb) { qb = (r0 + i0) / 128; fp8_x_scaled(W, qb, q, xq, G); }
         for (int i = 0; i < rb; i++) zero_sums(&sums[i], G);
         for (int cb = 0; cb < nblocks; cb++) {
             const int k0 = cb * F32_BLOCK_COLS, k1 = n - k0 < F32_BLOCK_COLS ? n : k0 + F32_BLOCK_COLS;
             for (int i = 0; i < rb; i++) {
-                const int r = r0 + i0 + i;
-                if (fp8 && r / 128 != qb) { qb = r / 128; fp8_x_scaled(W, qb, x, ldx, xq, G); }
                 int pi = i + F32_AHEAD, pc = cb, pr; /* the piece F32_AHEAD after this one */
                 while (pi >= rb && pc < nblocks) { pi -= rb; pc++; }
                 if (pc < nblocks) pr = r0 + i0 + pi;
                 else { pr = r0 + i0 + rb + pi; pc = 0; }
-                const uint8_t *pf = pr < r0 + nr ? weight_at(W, pr, pc * F32_BLOCK_COLS) : weight_at(W, r, k0);
-                row_sums_f32(W, r, k0, k1, q, pf, &sums[i], G);
+                const uint8_t *pf = pr < r0 + nr ? weight_at(W, pr, pc * F32_BLOCK_COLS) : weight_at(W, r0 + i0 + i, k0);
+                row_sums_f32(W, r0 + i0 + i, k0, k1, x, pf, &sums[i], G);
             }
         }
         for (int i = 0; i < rb; i++) store_sums(&sums[i], post, y + i0 + i, ldy, G);
@@ -447,34 +489,26 @@ MV32 rows_f32(const Mat *W, int r0, int nr, const float *x, size_t ldx, const fl
 
 /* y[i] = W[r0+i] · x for i in [0, nr); xs = x as matvec_split_x orders it for W. */
 AVX512 static void matvec_avx512(const Mat *W, int r0, int nr, const float *x, const float *xs, float *y) {
-    if (W->fmt == WF_F32) {
-        for (int i = 0; i < nr; i++) y[i] = dot_f32_avx512((const float *)W->w + (size_t)(r0 + i) * W->cols, x, W->cols);
-        return;
-    }
-    rows_f32(W, r0, nr, x, 0, xs, 0, y, 1, 1);
+    rows_f32(W, r0, nr, W->fmt == WF_MXFP4 ? xs : x, y, 1, 1);
 }
 
-/* matvec_avx512 for n tokens, F32_GROUP at a time over each row: token t's results are
- * bit for bit matvec_avx512's for x_t alone. */
-AVX512 static void matvec_n_avx512(const Mat *W, int r0, int nr, const float *x, size_t ldx, const float *xs, size_t ldxs, int n, float *y,
-                                   size_t ldy) {
+/* matvec_avx512 for n tokens, xp: their x as pack_tokens_x lays them out: each row is
+ * decoded once per PACK_GROUP (F32_GROUP) tokens, and token t's results are bit for bit
+ * matvec_avx512's for x_t alone. */
+AVX512 static void matvec_n_packed_avx512(const Mat *W, int r0, int nr, const float *xp, int n, float *y, size_t ldy) {
+    const size_t nv16 = PACKED_X_FLOATS(W->cols); /* floats of one token's packed x */
     for (int t = 0; t < n; t += F32_GROUP) {
-        const float *xt = x + (size_t)t * ldx, *st = xs + (size_t)t * ldxs;
+        const float *q = xp + (size_t)t * nv16;
         float *yt = y + (size_t)t * ldy;
-        const int G = n - t < F32_GROUP ? n - t : F32_GROUP;
-        if (W->fmt == WF_F32) { /* the router: one dot per token */
-            for (int g = 0; g < G; g++) matvec_avx512(W, r0, nr, xt + (size_t)g * ldx, NULL, yt + (size_t)g * ldy);
-            continue;
-        }
-        switch (G) {
-        case 8: rows_f32(W, r0, nr, xt, ldx, st, ldxs, yt, ldy, 8); break;
-        case 7: rows_f32(W, r0, nr, xt, ldx, st, ldxs, yt, ldy, 7); break;
-        case 6: rows_f32(W, r0, nr, xt, ldx, st, ldxs, yt, ldy, 6); break;
-        case 5: rows_f32(W, r0, nr, xt, ldx, st, ldxs, yt, ldy, 5); break;
-        case 4: rows_f32(W, r0, nr, xt, ldx, st, ldxs, yt, ldy, 4); break;
-        case 3: rows_f32(W, r0, nr, xt, ldx, st, ldxs, yt, ldy, 3); break;
-        case 2: rows_f32(W, r0, nr, xt, ldx, st, ldxs, yt, ldy, 2); break;
-        default: rows_f32(W, r0, nr, xt, ldx, st, ldxs, yt, ldy, 1); break;
+        switch (n - t < F32_GROUP ? n - t : F32_GROUP) {
+        case 8: rows_f32(W, r0, nr, q, yt, ldy, 8); break;
+        case 7: rows_f32(W, r0, nr, q, yt, ldy, 7); break;
+        case 6: rows_f32(W, r0, nr, q, yt, ldy, 6); break;
+        case 5: rows_f32(W, r0, nr, q, yt, ldy, 5); break;
+        case 4: rows_f32(W, r0, nr, q, yt, ldy, 4); break;
+        case 3: rows_f32(W, r0, nr, q, yt, ldy, 3); break;
+        case 2: rows_f32(W, r0, nr, q, yt, ldy, 2); break;
+        default: rows_f32(W, r0, nr, q, yt, ldy, 1); break;
         }
     }
 }
@@ -1555,7 +1589,7 @@ void kernels_init(const char *want) {
     }
     if (want && !strcmp(want, "avx2")) return; /* GLM_KERNELS=avx2: test the AVX2 set on an AVX-512 machine */
     if (cpu_has_avx512()) {
-        Kernels k = {.name = "AVX-512", .matvec = matvec_avx512, .matvec_n = matvec_n_avx512, .dequant_row = dequant_row_avx512, .gemm_panel = gemm_panel_avx512,
+        Kernels k = {.name = "AVX-512", .matvec = matvec_avx512, .matvec_n_packed = matvec_n_packed_avx512, .dequant_row = dequant_row_avx512, .gemm_panel = gemm_panel_avx512,
                      .pack_panel = pack_panel_avx512, .matvec_transposed_bf16 = matvec_transposed_bf16_avx512,
                      .dot = dot_f32_avx512, .axpy = axpy_f32_avx512, .softmax = softmax_avx512, .index_relu_sums = index_relu_sums_avx512,
                      .read_bandwidth = read_bandwidth_avx512, .fma_peak = fma_peak_avx512};

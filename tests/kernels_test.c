@@ -122,6 +122,33 @@ static int test_set(const char *want) {
                         free(xt); free(st); free(yn); free(y1);
                     }
                 }
+                if (simd.matvec_n_packed) {
+                    /* the same with the tokens' x packed (pack_tokens_x), n across the
+                     * kernel's groups of 8, the rows of x taken through an index */
+                    const int ns[] = {2, 8, 13};
+                    for (int q = 0; q < 3; q++) {
+                        const int n = ns[q];
+                        const size_t ld = (size_t)cols + 8;
+                        float *xt = malloc((size_t)n * ld * 4), *st = malloc((size_t)n * ld * 4), *xp = malloc((size_t)n * PACKED_X_FLOATS(cols) * 4);
+                        float *yn = malloc((size_t)n * nr * 4), *y1 = malloc((size_t)nr * 4);
+                        int idx[16];
+                        for (int t = 0; t < n; t++) {
+                            idx[t] = n - 1 - t; /* token t is row n-1-t of xt */
+                            for (int i = 0; i < cols; i++) xt[(size_t)t * ld + i] = rndf();
+                            matvec_split_x(&W, xt + (size_t)t * ld, st + (size_t)t * ld);
+                        }
+                        pack_tokens_x(&W, xt, ld, idx, n, xp);
+                        simd.matvec_n_packed(&W, r0, nr, xp, n, yn, (size_t)nr);
+                        int same = 1;
+                        for (int t = 0; t < n; t++) {
+                            simd.matvec(&W, r0, nr, xt + (size_t)idx[t] * ld, st + (size_t)idx[t] * ld, y1);
+                            same &= !memcmp(y1, yn + (size_t)t * nr, (size_t)nr * 4);
+                        }
+                        snprintf(what, sizeof what, "%s matvec_n_packed %s %dx%d n=%d", simd.name, names[f], rows, cols, n);
+                        check(what, same, same ? 0 : 1);
+                        free(xt); free(st); free(xp); free(yn); free(y1);
+                    }
+                }
                 if (simd.matvec_bf16 && f != WF_F32) {
                     /* against the plain loop on x rounded to bf16 (FP8: x * 2^64 rounded, then
                      * / 2^64) with E4M3 subnormals as zero: the kernel's documented numerics */

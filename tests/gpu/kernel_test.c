@@ -908,11 +908,10 @@ static void matmul_mma_ref(float *y, const float *x, const Mat *W, int n) {
 static void matmul_group_mma_ref(const Product *p, int np, int n) {
     for (int i = 0; i < np; i++) matmul_mma_ref(p[i].y, p[i].x, p[i].W, n);
 }
-static void mla_attend_mma_ref(const Model *m, const Layer *L, const KVCache *kv, RunState *s, int layer, int n, int pos0) {
-    mla_attend_absorbed(m, L, kv, s, layer, n, pos0);
-    const Config *c = &m->cfg;
+static void mla_unabsorb_mma_ref(const Config *c, const Layer *L, RunState *s, int n) {
     const int NH = c->n_heads, DN = c->qk_nope, DV = c->v_head, KR = c->kv_lora_rank;
-    if (n > 8)
+    if (n <= 8) mla_unabsorb(c, L, s, n);
+    else
         for (int h = 0; h < NH; h++) matmul_bf16_ref(s->o_heads + (size_t)h * DV, NH * DV, s->o_lat + (size_t)h * KR, NH * KR, NULL, &L->kv_b, h * (DN + DV) + DN, DV, n);
 }
 static void moe_experts_mma_ref(const Model *m, const Layer *L, RunState *s, const float *x, float *y, int n) {
@@ -938,7 +937,7 @@ static void test_blocks_mode(const char *dir, int plain) {
     if (!plain) {
         ops.matmul = matmul_mma_ref;
         ops.matmul_group = matmul_group_mma_ref;
-        ops.mla_attend = mla_attend_mma_ref;
+        ops.mla_unabsorb = mla_unabsorb_mma_ref;
         ops.moe_experts = moe_experts_mma_ref;
     }
     const int steps[] = {12, 1, 1, 1, 1, 3};

@@ -36,22 +36,26 @@
 #include <omp.h>
 #endif
 
-/* xs = x as the SIMD matvec wants it for W's format (see the top of this file): MXFP4
- * even/odd per 32-block (other formats read x itself). */
+/* Column of x at position p of matvec_split_x's order for W: MXFP4 and BF16 split each
+ * whole 32-block into its 16 even then 16 odd columns (the low and high nibbles of MXFP4's
+ * 16 bytes; the low and high halves of BF16's 16 words, each widened by one shift or one
+ * mask); a BF16 row's last partial block and the other formats keep x's order. */
+static int split_column(const Mat *W, int p) {
+    const int split = W->fmt == WF_MXFP4 || (W->fmt == WF_BF16 && p < W->cols / 32 * 32);
+    return split ? p / 32 * 32 + 2 * (p % 16) + (p % 32) / 16 : p;
+}
+
+/* xs = x as the fp32 SIMD matvec reads it for W's format (split_column's order). */
 void matvec_split_x(const Mat *W, const float *x, float *xs) {
-    int block = W->fmt == WF_MXFP4 ? 32 : 0;
-    for (int b = 0; block && b < W->cols / block; b++)
-        for (int i = 0; i < block / 2; i++) {
-            xs[block * b + i] = x[block * b + 2 * i];
-            xs[block * b + block / 2 + i] = x[block * b + 2 * i + 1];
-        }
+    if (W->fmt != WF_MXFP4 && W->fmt != WF_BF16) return; /* read as x */
+    for (int p = 0; p < W->cols; p++) xs[p] = x[split_column(W, p)];
 }
 
 /* The n tokens' x (token t at x + (rows ? rows[t] : t)*ldx) as kernels.matvec_n_packed
  * reads them: in groups of PACK_GROUP tokens (the last may have fewer), each group
  * vector by vector, the group's tokens side by side, 16 floats each: float j of vector v
  * of token g of a group of G at (v*G + g)*16 + j. A vector holds positions 16v.. of x in
- * W's order (matvec_split_x's for MXFP4, x's own otherwise), zeros past the row's end.
+ * matvec_split_x's order for W, zeros past the row's end.
  * One pointer with constant offsets then reaches every token's x: a kernel that sums
  * eight tokens has no general registers to spare for eight pointers. */
 void pack_tokens_x(const Mat *W, const float *x, size_t ldx, const int *rows, int n, float *xp) {
@@ -61,10 +65,7 @@ void pack_tokens_x(const Mat *W, const float *x, size_t ldx, const int *rows, in
         float *group = xp + (size_t)t0 * nv * 16;
         for (int g = 0; g < G; g++) {
             const float *xt = x + (size_t)(rows ? rows[t0 + g] : t0 + g) * ldx;
-            for (int p = 0; p < 16 * nv; p++) {
-                const int c = W->fmt == WF_MXFP4 ? p / 32 * 32 + 2 * (p % 16) + (p % 32) / 16 : p; /* the column at position p */
-                group[((size_t)(p / 16) * G + g) * 16 + p % 16] = p < W->cols ? xt[c] : 0.0f;
-            }
+            for (int p = 0; p < 16 * nv; p++) group[((size_t)(p / 16) * G + g) * 16 + p % 16] = p < W->cols ? xt[split_column(W, p)] : 0.0f;
         }
     }
 }
@@ -250,24 +251,29 @@ AVX512 static inline __m512 fp8x16_placed(const uint8_t *p) {
  * a token's result does not depend on the tokens beside it (glm serve's batches, the
  * --draft verify pass). Each (row, token) keeps two 16-lane sums and y = reduce(sum 0 +
  * sum 1); per format, what goes into them:
- *   BF16   vector v of the row (columns 16v..16v+15), widened, times x, into sum v & 1.
- *   FP8    the same with the bit-placed weight (E4M3 x 2^-120, fp8x16_placed) against
- *          x' = x * scale * 2^64 for the row's 128x128 scale block: the scale costs one
- *          multiply per column every 128 rows instead of one per weight, and 2^56 on the
- *          sum puts the powers of two back.
+ *   BF16   per 32-block, its 16 words at even columns widened (a shift) times x's evens
+ *          into sum 0, the 16 at odd columns (a mask) times the odds into sum 1
+ *          (matvec_split_x); the row's last partial block in order: columns 16..31 of it
+ *          into sum 1.
+ *   FP8    vector v of the row (columns 16v..16v+15), the bit-placed weight (E4M3 x
+ *          2^-120, fp8x16_placed), into sum v & 1, against x' = x * scale * 2^64 for the
+ *          row's 128x128 scale block: the scale costs one multiply per column every 128
+ *          rows instead of one per weight, and 2^56 on the sum puts the powers of two back.
  *   MXFP4  per 32-block, the 16 E2M1 values times the block's scale (exact: a power of two)
  *          are the table vpermps looks up; the low nibbles (even columns) go into sum 0
  *          against x's evens, the high nibbles into sum 1 against the odds (matvec_split_x).
  * Several tokens share each decoded weight vector, up to F32_GROUP of them (16 sums in
- * registers). Their x are first copied interleaved, vector v of token g at (v*G + g)*16, so
- * one pointer with constant offsets reaches all of them (eight pointers would not fit the
- * general registers beside the loop's own). Eight tokens' x no longer fit L1 together
+ * registers), their x interleaved by pack_tokens_x. Eight tokens' x no longer fit L1 together
  * (8 x 24 KB at 6144 columns), so such a pass goes over chunks of rows a block of columns
  * at a time: the block's x stays in L1 for all the chunk's rows while their sums wait in
  * memory. */
 #define F32_GROUP PACK_GROUP /* tokens per pass over a row (8) */
+#ifndef F32_CHUNK_ROWS
 #define F32_CHUNK_ROWS 16  /* rows per chunk of a blocked pass */
+#endif
+#ifndef F32_BLOCK_COLS
 #define F32_BLOCK_COLS 512 /* columns per block of a blocked pass (a multiple of 32) */
+#endif
 #ifndef F32_AHEAD
 #define F32_AHEAD 2
 #endif
@@ -282,17 +288,18 @@ AVX512 static inline __m512 fp8x16_placed_masked(const uint8_t *p, __mmask16 m) 
     return fp8x16_placed(b);
 }
 
-/* The per-format loops of row_sums_f32: sums a0, a1 of G tokens over row r's columns
- * [k, k1), x interleaved from the vector at k on (x += 32*G per 32 columns). pf: see
- * row_sums_f32. Separate loops keep the 16 sums and the decode's constants in registers. */
+/* The per-format loops of row_sums: sums a0, a1 of G tokens over row r's columns [k, k1),
+ * x interleaved from the vector at k on (x += 32*G per 32 columns); pf: see row_sums. */
 #define F32_LOOP_ARGS const Mat *W, int r, int k, int k1, const float *x, const uint8_t *pf, __m512 *a0, __m512 *a1, const int G
 MV32 sums_bf16(F32_LOOP_ARGS) {
     const uint16_t *w = (const uint16_t *)W->w + (size_t)r * W->cols;
     const uint8_t *p = pf;
-    for (; k + 32 <= k1; k += 32, x += 32 * G) {
+    const __m512i high = _mm512_set1_epi32((int)0xFFFF0000u);
+    for (; k + 32 <= k1; k += 32, x += 32 * G) { /* x split: evens, then odds */
         if (pf) { _mm_prefetch((const char *)p, _MM_HINT_T0); p += 64; }
         else PREFETCH(w + k);
-        const __m512 w0 = bf16x16(w + k), w1 = bf16x16(w + k + 16);
+        const __m512i pairs = _mm512_loadu_si512(w + k); /* word 2i: column 2i, in a dword's low half */
+        const __m512 w0 = _mm512_castsi512_ps(_mm512_slli_epi32(pairs, 16)), w1 = _mm512_castsi512_ps(_mm512_and_si512(pairs, high));
         #pragma GCC unroll 8
         for (int g = 0; g < G; g++) {
             a0[g] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x + 16 * g), a0[g]);
@@ -382,24 +389,29 @@ MV32 sums_mxfp4(F32_LOOP_ARGS) { /* columns a multiple of 32 */
     }
 }
 
-/* Adds row r's columns [k0, k1) for G tokens into *sums. q: the tokens' x as the format
- * reads them (BF16: x, FP8: x', MXFP4: xs), interleaved: vector v of token g at
- * q + (v*G + g)*16. k0 is a multiple of 32, and so is k1 unless it is the row's end. pf:
- * the weights to fetch into L1 meanwhile (a later piece of a blocked pass), or NULL for a
- * whole row, which fetches its own stream ahead. */
-MV32 row_sums_f32(const Mat *W, int r, int k0, int k1, const float *q, const uint8_t *pf, RowSums *sums, const int G) {
-    __m512 a0[F32_GROUP], a1[F32_GROUP];
-    #pragma GCC unroll 8
-    for (int g = 0; g < G; g++) { a0[g] = sums->s[g][0]; a1[g] = sums->s[g][1]; }
-    const float *x = q + (size_t)(k0 / 16) * G * 16;
-    switch (W->fmt) {
-    case WF_F32: if (pf) sums_f32(W, r, k0, k1, x, pf, a0, a1, G); else sums_f32(W, r, k0, k1, x, NULL, a0, a1, G); break;
-    case WF_BF16: if (pf) sums_bf16(W, r, k0, k1, x, pf, a0, a1, G); else sums_bf16(W, r, k0, k1, x, NULL, a0, a1, G); break;
-    case WF_FP8: if (pf) sums_fp8(W, r, k0, k1, x, pf, a0, a1, G); else sums_fp8(W, r, k0, k1, x, NULL, a0, a1, G); break;
-    default: if (pf) sums_mxfp4(W, r, k0, k1, x, pf, a0, a1, G); else sums_mxfp4(W, r, k0, k1, x, NULL, a0, a1, G); break;
+/* row_sums: adds row r's columns [k0, k1) for G tokens into *sums: the format's loop (sums_*), q the
+ * tokens' x as pack_tokens_x lays them out (one token: x itself, or matvec_split_x's xs),
+ * k0 a multiple of 32 and so is k1 unless it is the row's end. pf: the weights to fetch
+ * into L1 meanwhile (a later piece of a blocked pass), or NULL for a whole row, which
+ * fetches its own stream ahead. One function for each format and G: inlined into the row
+ * loops, GCC kept one of the 16 sums in memory (a store and a load on the FMA chain of
+ * every iteration, which then took ~13 cycles instead of ~10). */
+#define ROW_SUMS_FMT(G, F)                                                                                                  \
+    AVX512 static __attribute__((noinline)) void row_sums_##F##_##G(const Mat *W, int r, int k0, int k1, const float *q,     \
+                                                                     const uint8_t *pf, RowSums *sums) {                    \
+        __m512 a0[F32_GROUP], a1[F32_GROUP];                                                                                \
+        _Pragma("GCC unroll 8") for (int g = 0; g < G; g++) { a0[g] = sums->s[g][0]; a1[g] = sums->s[g][1]; }             \
+        sums_##F(W, r, k0, k1, q + (size_t)(k0 / 16) * G * 16, pf, a0, a1, G);                                              \
+        _Pragma("GCC unroll 8") for (int g = 0; g < G; g++) { sums->s[g][0] = a0[g]; sums->s[g][1] = a1[g]; }             \
     }
-    #pragma GCC unroll 8
-    for (int g = 0; g < G; g++) { sums->s[g][0] = a0[g]; sums->s[g][1] = a1[g]; }
+#define ROW_SUMS(G) ROW_SUMS_FMT(G, f32) ROW_SUMS_FMT(G, bf16) ROW_SUMS_FMT(G, fp8) ROW_SUMS_FMT(G, mxfp4)
+ROW_SUMS(1) ROW_SUMS(2) ROW_SUMS(3) ROW_SUMS(4) ROW_SUMS(5) ROW_SUMS(6) ROW_SUMS(7) ROW_SUMS(8)
+typedef void RowSumsFn(const Mat *W, int r, int k0, int k1, const float *q, const uint8_t *pf, RowSums *sums);
+#define ROW_SUMS_ROW(F) {row_sums_##F##_1, row_sums_##F##_2, row_sums_##F##_3, row_sums_##F##_4, \
+                         row_sums_##F##_5, row_sums_##F##_6, row_sums_##F##_7, row_sums_##F##_8}
+static RowSumsFn *const row_sums_fn[4][F32_GROUP] = {ROW_SUMS_ROW(f32), ROW_SUMS_ROW(bf16), ROW_SUMS_ROW(fp8), ROW_SUMS_ROW(mxfp4)};
+static inline void row_sums_g(const Mat *W, int r, int k0, int k1, const float *q, const uint8_t *pf, RowSums *sums, int G) {
+    row_sums_fn[W->fmt][G - 1](W, r, k0, k1, q, pf, sums);
 }
 
 /* FP8's x' for the rows of scale block rb: q (G tokens interleaved) times
@@ -454,7 +466,7 @@ MV32 rows_f32(const Mat *W, int r0, int nr, const float *q, float *y, size_t ldy
             if (fp8 && r / 128 != qb) { qb = r / 128; fp8_x_scaled(W, qb, q, xq, G); }
             RowSums sums;
             zero_sums(&sums, G);
-            row_sums_f32(W, r, 0, n, x, NULL, &sums, G);
+            row_sums_g(W, r, 0, n, x, NULL, &sums, G);
             store_sums(&sums, post, y + i, ldy, G);
         }
         _mm_setcsr(csr);
@@ -478,7 +490,7 @@ MV32 rows_f32(const Mat *W, int r0, int nr, const float *q, float *y, size_t ldy
                 if (pc < nblocks) pr = r0 + i0 + pi;
                 else { pr = r0 + i0 + rb + pi; pc = 0; }
                 const uint8_t *pf = pr < r0 + nr ? weight_at(W, pr, pc * F32_BLOCK_COLS) : weight_at(W, r0 + i0 + i, k0);
-                row_sums_f32(W, r0 + i0 + i, k0, k1, x, pf, &sums[i], G);
+                row_sums_g(W, r0 + i0 + i, k0, k1, x, pf, &sums[i], G);
             }
         }
         for (int i = 0; i < rb; i++) store_sums(&sums[i], post, y + i0 + i, ldy, G);
@@ -489,7 +501,7 @@ MV32 rows_f32(const Mat *W, int r0, int nr, const float *q, float *y, size_t ldy
 
 /* y[i] = W[r0+i] · x for i in [0, nr); xs = x as matvec_split_x orders it for W. */
 AVX512 static void matvec_avx512(const Mat *W, int r0, int nr, const float *x, const float *xs, float *y) {
-    rows_f32(W, r0, nr, W->fmt == WF_MXFP4 ? xs : x, y, 1, 1);
+    rows_f32(W, r0, nr, W->fmt == WF_MXFP4 || W->fmt == WF_BF16 ? xs : x, y, 1, 1);
 }
 
 /* matvec_avx512 for n tokens, xp: their x as pack_tokens_x lays them out: each row is
@@ -625,11 +637,12 @@ static double fma_peak_avx512(void) {
 }
 
 /* vdpbf16ps against fp32 FMA on this core, FLOP for FLOP: the default precision of the
- * weight products follows it (fast_init). AMD's Zen 4 and 5 run vdpbf16ps at twice the
- * FMA's rate; Intel's Xeons (Sapphire and Emerald Rapids) at half of it, where bf16
- * activations would cost accuracy and speed both. Twelve independent chains of each, the
- * best of five short alternating runs (~1 ms in all): the two rates differ by 4x between
- * those hosts, so the choice does not flip with the host's noise. */
+ * weight products follows it (fast_init). On the project's Intel Xeon (Emerald Rapids)
+ * VM vdpbf16ps runs at 0.50x the FMA's rate, so bf16 activations there cost accuracy
+ * and speed both (prefill 0.44 against 0.58 of the FMA peak); on the AMD EPYC (Zen 5) VM
+ * bf16 prompts ran ~2x faster than fp32 ones. Twelve independent chains of each, the best
+ * of five short alternating runs (~1 ms in all): a rate ratio far from 1 either way, so
+ * the choice does not flip with the host's noise. */
 __attribute__((target("avx512f,avx512bf16"))) static float dpbf16_chains(long iters) {
     const __m512bh m = (__m512bh)_mm512_set1_epi16(0x3F80), c = (__m512bh)_mm512_set1_epi16(0x3380); /* 1, ~6e-8 */
     __m512 a[12];

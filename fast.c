@@ -9,7 +9,7 @@
  *   fast_matmul        one token (decode): the rows of W in runs handed to threads as
  *                      they free up (matvec_jobs), each row dotted from its packed form;
  *                      a prompt chunk: 32 rows at a time decoded once into a panel that
- *                      every token streams through (fp32, or bf16 on AVX512-BF16);
+ *                      every token streams through (fp32, or bf16 products);
  *                      a few tokens (a serve batch): each row decoded once for all
  *   fast_matmul_group  one token: every product of the group in one pool of runs
  *   fast_index_scores  the indexer's keys x heads as a GEMM, 256 keys at a time
@@ -45,8 +45,8 @@ static int g_threads = 1;
  * parallel, which the tests use to catch races on tiny models. */
 static double g_parallel_min = 65536;
 /* Weight products with activations rounded to bf16 (vdpbf16ps; ~1e-3 relative error per
- * product, as llama.cpp's bf16 path) where the CPU has AVX512-BF16: the default. Prompts:
- * twice the fp32 FMA rate. Decode: the weights go into the instruction as they are stored
+ * product, as llama.cpp's bf16 path): the default where the CPU's vdpbf16ps outpaces its
+ * fp32 FMA (kernels.bf16_speedup, AMD Zen 4/5). Prompts: twice the fp32 FMA rate there. Decode: the weights go into the instruction as they are stored
  * (after a shift or a table lookup), a few instructions per 64 bytes fewer than widening
  * them to fp32, which keeps a core that is slow or shared up with memory. --fp32 keeps
  * fp32 products. */

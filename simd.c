@@ -8,7 +8,8 @@
  *
  * Decode is memory-bound: a matrix-vector product must turn each weight byte into
  * a float and multiply it faster than memory delivers it. The tricks:
- *   BF16   a bf16 is the top half of an fp32: zero-extend and shift by 16.
+ *   BF16   a bf16 is the top half of an fp32: zero-extend and shift by 16 (two in a
+ *          dword: one shift widens the low one, one mask the high one).
  *   FP8    E4M3 -> fp32 by bit placement: sign to bit 31, the 7 magnitude bits to
  *          bits 26..20. That float is the E4M3 value times 2^-120, subnormals
  *          included. Decode places the bytes with in-lane shuffles (vpshufb) and
@@ -17,10 +18,11 @@
  *          by 2^120 makes it exact.
  *   MXFP4  the 16 E2M1 values fit one 512-bit register: vpermps looks up 16 nibbles
  *          at once. x is pre-split per 32-block into its 16 even and 16 odd
- *          elements to match the low/high nibbles of the packed bytes.
- * Where the CPU has AVX512-BF16, decode skips the fp32 widening altogether: x is
- * rounded to bf16 and vdpbf16ps takes the weights as (nearly) stored; see "Decode
- * with bf16 activations" below.
+ *          elements to match the low/high nibbles of the packed bytes (and, in
+ *          the fp32 kernels, BF16's low and high words).
+ * With bf16 products (the default where vdpbf16ps outpaces FMA), decode skips the fp32
+ * widening altogether: x is rounded to bf16 and vdpbf16ps takes the weights as (nearly)
+ * stored; see "Decode with bf16 activations" below.
  * One row at a time: each thread then reads one sequential stream, which the memory
  * system serves best (four interleaved rows measured slower from mmap'd 4 KB pages);
  * BF16 rows too wide for x to stay in L1 included (see matvec_bf16_avx512).
@@ -756,8 +758,8 @@ AVX512 static void gemm_panel_avx512(const float *P, int ldp, int K, const float
 
 /* The same product with bf16 inputs (AVX512-BF16): P holds the 32 rows as bf16 pairs
  * [K/2][32][2], X as bf16 [n][ldx]; vdpbf16ps does 32 multiply-adds per instruction,
- * twice the fp32 FMA rate, in exchange for rounding activations to bf16. The default
- * prefill where the CPU has it (not with --fp32). K is even. */
+ * twice the fp32 FMA rate on AMD Zen 4/5, in exchange for rounding activations to bf16.
+ * The default prefill where vdpbf16ps outpaces FMA (not with --fp32). K is even. */
 #define BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
 #define GEMM_TILE_BF16(T)                                                                      \
     BF16 static inline void gemm_bf16_tile##T(const uint16_t *P, int K, const uint16_t *X, int ldx, \
@@ -953,8 +955,8 @@ BF16 static void gemm_rows_bf16_avx512(const Mat *W, int r0, int nr, const uint1
 }
 
 /* ------------------------------------------------------------------------ */
-/* Decode with bf16 activations (AVX512-BF16, the default where the CPU has it; see
- * fast.c). vdpbf16ps multiplies 32 bf16 pairs straight from weight bits, about one
+/* Decode with bf16 activations (AVX512-BF16, the default where vdpbf16ps outpaces FMA;
+ * see fast.c). vdpbf16ps multiplies 32 bf16 pairs straight from weight bits, about one
  * instruction per 64 bytes of weights after the format's unpacking; the fp32 route
  * above spends several per 64 bytes and, measured on a VM core shared with its
  * neighbours, fell to half of the read bandwidth (BF16 rows: 22 vs 46 GB/s on two

@@ -38,7 +38,7 @@
  * (1 - a^(N+1)) / (1 - a), exceed the step's cost in decode steps, r(N) + N·c, with r(N) and
  * c from glm bench (a pass over N + 1 tokens, and one MTP draft step, each over a decode
  * step), for the 0.6-0.85 acceptance one MTP head typically gets (docs/MODEL.md §5.2).
- * CPU, measured on a 2-vCPU VM (Intel Xeon; default bf16 products; glm bench, median of 3
+ * CPU, measured on a 2-vCPU VM (Intel Xeon; bf16 products; glm bench, median of 3
  * runs): the verify pass costs r(1..3) = 1.42, 1.72, 1.99 decode steps on an 8-layer model
  * (glm synth --layers 8 --experts 64 --mtp; each extra token brings its own experts), and
  * 1.33, 1.53, 1.67 on the 2-layer bench model. The draft step c is the MTP layer plus the

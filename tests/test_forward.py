@@ -608,6 +608,13 @@ def t_bench_json(extra):
     check(isinstance(best, (int, float)) and best >= r["read_bw_gbs"] * (1 - 1e-3), "read_bw_best_gbs %r < read_bw_gbs %r" % (best, r["read_bw_gbs"]))
     bb = r.get("decode_best_bw_ratio")
     check(isinstance(bb, (int, float)) and 0 < bb <= r["decode_bw_ratio"] * (1 + 1e-3), "decode_best_bw_ratio %r vs decode_bw_ratio %r" % (bb, r["decode_bw_ratio"]))
+    # glm serve's batch of 8 sequences: its cost in decode steps within its runs' range,
+    # and the speedup it implies (8 over that cost; a tiny model's step is mostly fixed costs)
+    bc, br = r.get("batch_cost"), r.get("batch_cost_range")
+    check(r.get("batch_seqs") == 8 and isinstance(bc, (int, float)) and math.isfinite(bc) and bc > 0 and isinstance(br, list)
+          and len(br) == 2 and br[0] * (1 - 1e-3) <= bc <= br[1] * (1 + 1e-3), "batch_cost %r, range %r" % (bc, br))
+    check(isinstance(r.get("batch_speedup"), (int, float)) and abs(r["batch_speedup"] - 8 / bc) <= 1e-3 * r["batch_speedup"],
+          "batch_speedup %r, 8 / batch_cost %r" % (r.get("batch_speedup"), 8 / bc))
     # decode over the weights' own read: bytes per token x tok/s over that read (the ratio
     # printed to 4 digits, the read to 10 MB/s)
     dw = r["decode_bytes_per_token"] * r["decode_tps_ctx0"] / (r["weights_read_gbs"] * 1e9)

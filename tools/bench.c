@@ -7,6 +7,8 @@
  *   drafts   what speculative decoding (--draft N, spec.c) costs in decode steps: r(N), a
  *            main-model pass over N + 1 tokens, and c, one MTP draft step; and the speedup
  *            they imply for an acceptance rate a
+ *   batch    glm serve's decode step of 8 sequences (forward_batch) in decode steps, and
+ *            the aggregate speedup it gives: 8 / that
  *
  * Decode reads every weight once per token, so its bound is the memory's bandwidth;
  * prefill reuses each weight for a chunk of tokens, so its bound is the FMA rate. The
@@ -397,6 +399,54 @@ static SpecCost timed_spec_costs(Session *S, const int *ids, int P) {
     return sc;
 }
 
+/* glm serve's continuous batching: one decode step of BATCH_SEQS sequences, each over its
+ * own cache (forward_batch), against one sequence's decode step, timed one after the
+ * other in each round as the drafts are. Each weight is read once for all the sequences,
+ * so the step costs far less than BATCH_SEQS decode steps; its arithmetic grows with the
+ * sequences, and with MoE so do the experts read. */
+enum { BATCH_SEQS = 8, BATCH_CTX = 64, BATCH_PROMPT = 16 };
+
+typedef struct {
+    int measured;           /* 0 with --gpu */
+    double cost, lo, hi;    /* the batch step in decode steps: median round, fastest, slowest */
+} BatchCost;
+
+static BatchCost timed_batch_cost(Session *S, const int *ids) {
+    BatchCost bc = {0};
+    if (S->gpu || S->state.cap < BATCH_SEQS) return bc;
+    const Model *m = &S->model;
+    const int V = m->cfg.vocab_size;
+    double t0 = now_s();
+    step_begin("batch: decode steps of 8 sequences and of one");
+    KVCache kv[BATCH_SEQS];
+    float *logits = xmalloc((size_t)BATCH_SEQS * V * sizeof(float));
+    for (int i = 0; i < BATCH_SEQS; i++) { /* each sequence a prompt of its own */
+        kvcache_init(&kv[i], m, BATCH_CTX);
+        forward(m, &kv[i], &S->state, ids + 3 * i, BATCH_PROMPT, logits, 0);
+    }
+    double ratio[SPEC_RUNS];
+    for (int run = -1; run < SPEC_RUNS; run++) {
+        kv[0].pos = BATCH_PROMPT;
+        double t = now_s();
+        forward(m, &kv[0], &S->state, ids + 1, 1, logits, 0);
+        const double td = now_s() - t;
+        SeqTokens seq[BATCH_SEQS];
+        for (int i = 0; i < BATCH_SEQS; i++) {
+            kv[i].pos = BATCH_PROMPT;
+            seq[i] = (SeqTokens){&kv[i], ids + 2 + i, 1, 0, NULL};
+        }
+        t = now_s();
+        forward_batch(m, &S->state, seq, BATCH_SEQS, logits);
+        if (run >= 0) ratio[run] = (now_s() - t) / td;
+    }
+    bc.measured = 1;
+    bc.cost = median_spread(ratio, SPEC_RUNS, &bc.lo, &bc.hi);
+    for (int i = 0; i < BATCH_SEQS; i++) kvcache_free(&kv[i]);
+    free(logits);
+    step_end(t0);
+    return bc;
+}
+
 /* What the run measured, for the two printers. */
 typedef struct {
     const char *model_dir;
@@ -405,6 +455,7 @@ typedef struct {
     PrefillResult pre;
     DecodeResult dec;
     SpecCost spec;
+    BatchCost batch;
 } BenchResult;
 
 /* The drafting keys of --json (after the others): r(N) and c with their spread, and the
@@ -461,6 +512,10 @@ static void print_json(const BenchResult *b) {
            d->weights_bw / 1e9, gbs0 / d->weights_bw,
            b->L, d->tpsL, gbsL / d->bwL, d->bwL / 1e9, b->huge);
     if (kernels.bf16_speedup) printf(", \"bf16_speedup\": %.3f", kernels.bf16_speedup());
+    if (b->batch.measured)
+        printf(", \"batch_seqs\": %d, \"batch_cost\": %.4g, \"batch_cost_range\": [%.4g, %.4g], \"batch_speedup\": %.4g", BATCH_SEQS,
+               b->batch.cost, b->batch.lo, b->batch.hi, BATCH_SEQS / b->batch.cost);
+    else printf(", \"batch_seqs\": %d, \"batch_cost\": null, \"batch_speedup\": null", BATCH_SEQS);
     print_spec_json(&b->spec);
     printf("}\n");
 }
@@ -486,6 +541,10 @@ static void print_table(const BenchResult *b) {
            d->bytesL / 1e9, gbsL / 1e9, gbsL / d->bwL, d->bwL / 1e9);
     printf("  slowdown  context 0 -> %d: %.2fx\n", b->L, d->tps0 / d->tpsL);
     print_spec_table(&b->spec, b->P);
+    if (b->batch.measured)
+        printf("  batch     a decode step of %d sequences (glm serve): %.2f decode steps [%.2f, %.2f], so %.2fx one sequence's tok/s\n",
+               BATCH_SEQS, b->batch.cost, b->batch.lo, b->batch.hi, BATCH_SEQS / b->batch.cost);
+    else printf("  batch     not measured (--gpu)\n");
 }
 
 /* glm bench: the steps in the order the header describes, then one report. */
@@ -508,6 +567,7 @@ int bench_run(const BenchArgs *a) {
     int *ids = random_ids(P > L ? P : L, S.model.cfg.vocab_size);
     b.pre = timed_prefill(&S, ids, P);
     b.spec = timed_spec_costs(&S, ids, P);
+    b.batch = timed_batch_cost(&S, ids);
     b.dec = timed_decodes(&S, ids, L, N, &yard);
 
     if (a->json) print_json(&b);

@@ -235,9 +235,8 @@ AVX512 static void axpy_f32_avx512(float *y, float a, const float *x, int n) {
  * each 128-bit lane, vpshufb puts byte i at the top of 32-bit lane i (zeros below), an
  * arithmetic shift by 4 moves the 7 magnitude bits to 26..20 and the sign copies over
  * 30..27, which the mask clears. That is the fp32 of (E4M3 value) x 2^-120, as in
- * fp8x16 (subnormals included); xs = x * 2^64 and 2^56 in the block scale put it back
- * without the products going subnormal (those below 2^-70 would; they are zero for
- * any purpose). */
+ * fp8x16 (subnormals included); x * 2^64 and 2^56 on the sum put it back without the
+ * products going subnormal (those below 2^-70 would; they are zero for any purpose). */
 AVX512 static inline __m512 fp8x16_placed(const uint8_t *p) {
     const __m512i to_top = _mm512_set_epi8(15, -1, -1, -1, 14, -1, -1, -1, 13, -1, -1, -1, 12, -1, -1, -1,
                                            11, -1, -1, -1, 10, -1, -1, -1, 9, -1, -1, -1, 8, -1, -1, -1,
@@ -264,12 +263,18 @@ AVX512 static inline __m512 fp8x16_placed(const uint8_t *p) {
  *   MXFP4  per 32-block, the 16 E2M1 values times the block's scale (exact: a power of two)
  *          are the table vpermps looks up; the low nibbles (even columns) go into sum 0
  *          against x's evens, the high nibbles into sum 1 against the odds (matvec_split_x).
+ *   F32    (the router) as FP8, the weights as they are.
  * Several tokens share each decoded weight vector, up to F32_GROUP of them (16 sums in
  * registers), their x interleaved by pack_tokens_x. Eight tokens' x no longer fit L1 together
  * (8 x 24 KB at 6144 columns), so such a pass goes over chunks of rows a block of columns
  * at a time: the block's x stays in L1 for all the chunk's rows while their sums wait in
  * memory. */
 #define F32_GROUP PACK_GROUP /* tokens per pass over a row (8) */
+#define F32_L1_FLOATS 8192   /* the floats of x (32 KB) an unblocked pass of several tokens may read */
+/* Overridable (-DF32_CHUNK_ROWS=...) to re-measure them. 8 to 32 rows by 256 to 1024 columns
+ * measured alike within the host's noise; 16 x 512 keeps a block's x (16 KB at 8 tokens)
+ * and the chunk's sums (16 KB) in L1 together. The weights two pieces ahead (a piece: one
+ * row's part of a block) are fetched into L1 meanwhile; 4 and 8 pieces measured slower. */
 #ifndef F32_CHUNK_ROWS
 #define F32_CHUNK_ROWS 16  /* rows per chunk of a blocked pass */
 #endif
@@ -277,9 +282,8 @@ AVX512 static inline __m512 fp8x16_placed(const uint8_t *p) {
 #define F32_BLOCK_COLS 512 /* columns per block of a blocked pass (a multiple of 32) */
 #endif
 #ifndef F32_AHEAD
-#define F32_AHEAD 2
+#define F32_AHEAD 2        /* pieces ahead */
 #endif
-#define F32_L1_FLOATS 8192 /* the floats of x (32 KB) an unblocked pass of several tokens may read */
 #define MV32 AVX512 static inline __attribute__((always_inline)) void
 
 typedef struct { __m512 s[F32_GROUP][2]; } RowSums; /* one row's two sums for each token */
@@ -448,7 +452,7 @@ AVX512 static inline const uint8_t *weight_at(const Mat *W, int r, int k) {
 }
 
 /* y[g*ldy + i] = W[r0+i]·x_g for i < nr and G tokens, q: their x interleaved
- * (pack_tokens_x; one token: x itself, or matvec_split_x's xs for MXFP4).
+ * (pack_tokens_x; one token: x itself, or matvec_split_x's xs for MXFP4 and BF16).
  * Results below fp32's normal range are flushed to zero (MXCSR's FTZ): on Intel cores an
  * FMA that underflows costs ~100 cycles, and such a term (< 2^-126) changes no sum. An
  * E4M3 subnormal placed as fp32 is a subnormal operand, which such cores also handle

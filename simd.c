@@ -423,25 +423,22 @@ static inline void row_sums_g(const Mat *W, int r, int k0, int k1, const float *
 /* FP8's x' for the rows of scale block rb: q (G tokens interleaved) times
  * scale[rb][column / 128] * 2^64, into xq (one token's x is x itself: its last vector
  * may be partial). */
-MV32 fp8_x_scaled(const Mat *W, int rb, const float *q, float *xq, const int G) {
+AVX512 static void fp8_x_scaled(const Mat *W, int rb, const float *q, float *xq, int G) {
     const int n = W->cols, nb = (n + 127) / 128;
     const float *scale = W->fp8_scale + (size_t)rb * nb;
     for (int k = 0; k < n; k += 16) {
         const __mmask16 m = n - k >= 16 ? 0xFFFF : (__mmask16)((1u << (n - k)) - 1);
         const __m512 s = _mm512_set1_ps(scale[k / 128] * 0x1p64f);
         const size_t v = (size_t)(k / 16) * G * 16;
-        #pragma GCC unroll 8
         for (int g = 0; g < G; g++) _mm512_mask_storeu_ps(xq + v + 16 * g, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, q + v + 16 * g), s));
     }
 }
 
-MV32 zero_sums(RowSums *sums, const int G) {
-    #pragma GCC unroll 8
+AVX512 static inline void zero_sums(RowSums *sums, int G) {
     for (int g = 0; g < G; g++) sums->s[g][0] = sums->s[g][1] = _mm512_setzero_ps();
 }
 
-MV32 store_sums(const RowSums *sums, float post, float *y, size_t ldy, const int G) {
-    #pragma GCC unroll 8
+AVX512 static inline void store_sums(const RowSums *sums, float post, float *y, size_t ldy, int G) {
     for (int g = 0; g < G; g++) y[g * ldy] = _mm512_reduce_add_ps(_mm512_add_ps(sums->s[g][0], sums->s[g][1])) * post;
 }
 
@@ -457,7 +454,7 @@ AVX512 static inline const uint8_t *weight_at(const Mat *W, int r, int k) {
  * FMA that underflows costs ~100 cycles, and such a term (< 2^-126) changes no sum. An
  * E4M3 subnormal placed as fp32 is a subnormal operand, which such cores also handle
  * slowly; real checkpoints hold ~1e-4 of those codes, so they stay exact. */
-MV32 rows_f32(const Mat *W, int r0, int nr, const float *q, float *y, size_t ldy, const int G) {
+AVX512 static void rows_f32(const Mat *W, int r0, int nr, const float *q, float *y, size_t ldy, int G) {
     const int n = W->cols, fp8 = W->fmt == WF_FP8;
     const float post = fp8 ? 0x1p56f : 1.0f;
     const int blocked = G > 1 && G * n > F32_L1_FLOATS;
@@ -517,17 +514,7 @@ AVX512 static void matvec_n_packed_avx512(const Mat *W, int r0, int nr, const fl
     const size_t nv16 = PACKED_X_FLOATS(W->cols); /* floats of one token's packed x */
     for (int t = 0; t < n; t += F32_GROUP) {
         const float *q = xp + (size_t)t * nv16;
-        float *yt = y + (size_t)t * ldy;
-        switch (n - t < F32_GROUP ? n - t : F32_GROUP) {
-        case 8: rows_f32(W, r0, nr, q, yt, ldy, 8); break;
-        case 7: rows_f32(W, r0, nr, q, yt, ldy, 7); break;
-        case 6: rows_f32(W, r0, nr, q, yt, ldy, 6); break;
-        case 5: rows_f32(W, r0, nr, q, yt, ldy, 5); break;
-        case 4: rows_f32(W, r0, nr, q, yt, ldy, 4); break;
-        case 3: rows_f32(W, r0, nr, q, yt, ldy, 3); break;
-        case 2: rows_f32(W, r0, nr, q, yt, ldy, 2); break;
-        default: rows_f32(W, r0, nr, q, yt, ldy, 1); break;
-        }
+        rows_f32(W, r0, nr, q, y + (size_t)t * ldy, ldy, n - t < F32_GROUP ? n - t : F32_GROUP);
     }
 }
 

@@ -46,10 +46,10 @@ static int g_threads = 1;
 static double g_parallel_min = 65536;
 /* Weight products with activations rounded to bf16 (vdpbf16ps; ~1e-3 relative error per
  * product, as llama.cpp's bf16 path): the default where the CPU's vdpbf16ps outpaces its
- * fp32 FMA (kernels.bf16_speedup, AMD Zen 4/5). Prompts: twice the fp32 FMA rate there. Decode: the weights go into the instruction as they are stored
- * (after a shift or a table lookup), a few instructions per 64 bytes fewer than widening
- * them to fp32, which keeps a core that is slow or shared up with memory. --fp32 keeps
- * fp32 products. */
+ * fp32 FMA (kernels.bf16_speedup, AMD Zen 4/5). Prompts: twice the fp32 FMA rate there.
+ * Decode: the weights go into the instruction as they are stored (after a shift or a
+ * table lookup), a few instructions per 64 bytes fewer than widening them to fp32, which
+ * keeps a core that is slow or shared up with memory. --fp32 keeps fp32 products. */
 static int g_act_bf16 = 1;
 
 /* Scratch, allocated by fast_prepare for the session's widths, chunk and context. */

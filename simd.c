@@ -294,6 +294,31 @@ AVX512 static inline __m512 fp8x16_placed_masked(const uint8_t *p, __mmask16 m) 
     return fp8x16_placed(b);
 }
 
+/* The G tokens' FMAs for 32 columns: a0[g] += w0 · (token g's vector at x), a1[g] += w1 ·
+ * (its next one); x interleaved (pack_tokens_x). */
+MV32 fma_tokens(__m512 w0, __m512 w1, const float *x, __m512 *a0, __m512 *a1, const int G) {
+    #pragma GCC unroll 8
+    for (int g = 0; g < G; g++) {
+        a0[g] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x + 16 * g), a0[g]);
+        a1[g] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x + 16 * (G + g)), a1[g]);
+    }
+}
+
+/* The same for a row's last 1..31 columns: m0, m1 (tail_masks) mask the two vectors, and
+ * sum 1 is left alone when the second is empty. */
+MV32 fma_tokens_tail(__m512 w0, __m512 w1, __mmask16 m0, __mmask16 m1, const float *x, __m512 *a0, __m512 *a1, const int G) {
+    #pragma GCC unroll 8
+    for (int g = 0; g < G; g++) {
+        a0[g] = _mm512_fmadd_ps(w0, _mm512_maskz_loadu_ps(m0, x + 16 * g), a0[g]);
+        if (m1) a1[g] = _mm512_fmadd_ps(w1, _mm512_maskz_loadu_ps(m1, x + 16 * (G + g)), a1[g]);
+    }
+}
+
+AVX512 static inline void tail_masks(int left, __mmask16 *m0, __mmask16 *m1) {
+    *m0 = left >= 16 ? 0xFFFF : (__mmask16)((1u << left) - 1);
+    *m1 = left > 16 ? (__mmask16)((1u << (left - 16)) - 1) : 0;
+}
+
 /* The per-format loops of row_sums: sums a0, a1 of G tokens over row r's columns [k, k1),
  * x interleaved from the vector at k on (x += 32*G per 32 columns); pf: see row_sums. */
 #define F32_LOOP_ARGS const Mat *W, int r, int k, int k1, const float *x, const uint8_t *pf, __m512 *a0, __m512 *a1, const int G
@@ -305,23 +330,12 @@ MV32 sums_bf16(F32_LOOP_ARGS) {
         if (pf) { _mm_prefetch((const char *)p, _MM_HINT_T0); p += 64; }
         else PREFETCH(w + k);
         const __m512i pairs = _mm512_loadu_si512(w + k); /* word 2i: column 2i, in a dword's low half */
-        const __m512 w0 = _mm512_castsi512_ps(_mm512_slli_epi32(pairs, 16)), w1 = _mm512_castsi512_ps(_mm512_and_si512(pairs, high));
-        #pragma GCC unroll 8
-        for (int g = 0; g < G; g++) {
-            a0[g] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x + 16 * g), a0[g]);
-            a1[g] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x + 16 * (G + g)), a1[g]);
-        }
+        fma_tokens(_mm512_castsi512_ps(_mm512_slli_epi32(pairs, 16)), _mm512_castsi512_ps(_mm512_and_si512(pairs, high)), x, a0, a1, G);
     }
-    if (k < k1) { /* the row's last 1..31 columns: vector 2j into sum 0, 2j+1 into sum 1 */
-        const int left = k1 - k;
-        const __mmask16 m0 = left >= 16 ? 0xFFFF : (__mmask16)((1u << left) - 1);
-        const __mmask16 m1 = left > 16 ? (__mmask16)((1u << (left - 16)) - 1) : 0;
-        const __m512 w0 = bf16x16_masked(w + k, m0), w1 = bf16x16_masked(w + k + 16, m1);
-        #pragma GCC unroll 8
-        for (int g = 0; g < G; g++) {
-            a0[g] = _mm512_fmadd_ps(w0, _mm512_maskz_loadu_ps(m0, x + 16 * g), a0[g]);
-            if (m1) a1[g] = _mm512_fmadd_ps(w1, _mm512_maskz_loadu_ps(m1, x + 16 * (G + g)), a1[g]);
-        }
+    if (k < k1) { /* the last partial block in x's own order: vector 2j into sum 0, 2j+1 into sum 1 */
+        __mmask16 m0, m1;
+        tail_masks(k1 - k, &m0, &m1);
+        fma_tokens_tail(bf16x16_masked(w + k, m0), bf16x16_masked(w + k + 16, m1), m0, m1, x, a0, a1, G);
     }
 }
 
@@ -331,23 +345,12 @@ MV32 sums_f32(F32_LOOP_ARGS) {
     for (; k + 32 <= k1; k += 32, x += 32 * G) {
         if (pf) { _mm_prefetch((const char *)p, _MM_HINT_T0); _mm_prefetch((const char *)p + 64, _MM_HINT_T0); p += 128; }
         else { PREFETCH(w + k); PREFETCH(w + k + 16); }
-        const __m512 w0 = _mm512_loadu_ps(w + k), w1 = _mm512_loadu_ps(w + k + 16);
-        #pragma GCC unroll 8
-        for (int g = 0; g < G; g++) {
-            a0[g] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x + 16 * g), a0[g]);
-            a1[g] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x + 16 * (G + g)), a1[g]);
-        }
+        fma_tokens(_mm512_loadu_ps(w + k), _mm512_loadu_ps(w + k + 16), x, a0, a1, G);
     }
     if (k < k1) {
-        const int left = k1 - k;
-        const __mmask16 m0 = left >= 16 ? 0xFFFF : (__mmask16)((1u << left) - 1);
-        const __mmask16 m1 = left > 16 ? (__mmask16)((1u << (left - 16)) - 1) : 0;
-        const __m512 w0 = _mm512_maskz_loadu_ps(m0, w + k), w1 = _mm512_maskz_loadu_ps(m1, w + k + 16);
-        #pragma GCC unroll 8
-        for (int g = 0; g < G; g++) {
-            a0[g] = _mm512_fmadd_ps(w0, _mm512_maskz_loadu_ps(m0, x + 16 * g), a0[g]);
-            if (m1) a1[g] = _mm512_fmadd_ps(w1, _mm512_maskz_loadu_ps(m1, x + 16 * (G + g)), a1[g]);
-        }
+        __mmask16 m0, m1;
+        tail_masks(k1 - k, &m0, &m1);
+        fma_tokens_tail(_mm512_maskz_loadu_ps(m0, w + k), _mm512_maskz_loadu_ps(m1, w + k + 16), m0, m1, x, a0, a1, G);
     }
 }
 
@@ -357,23 +360,12 @@ MV32 sums_fp8(F32_LOOP_ARGS) {
     for (; k + 32 <= k1; k += 32, x += 32 * G) {
         if (pf) { if (k % 64 == 0) _mm_prefetch((const char *)p, _MM_HINT_T0); p += 32; }
         else PREFETCH(w + k);
-        const __m512 w0 = fp8x16_placed(w + k), w1 = fp8x16_placed(w + k + 16);
-        #pragma GCC unroll 8
-        for (int g = 0; g < G; g++) {
-            a0[g] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x + 16 * g), a0[g]);
-            a1[g] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x + 16 * (G + g)), a1[g]);
-        }
+        fma_tokens(fp8x16_placed(w + k), fp8x16_placed(w + k + 16), x, a0, a1, G);
     }
     if (k < k1) {
-        const int left = k1 - k;
-        const __mmask16 m0 = left >= 16 ? 0xFFFF : (__mmask16)((1u << left) - 1);
-        const __mmask16 m1 = left > 16 ? (__mmask16)((1u << (left - 16)) - 1) : 0;
-        const __m512 w0 = fp8x16_placed_masked(w + k, m0), w1 = fp8x16_placed_masked(w + k + 16, m1);
-        #pragma GCC unroll 8
-        for (int g = 0; g < G; g++) {
-            a0[g] = _mm512_fmadd_ps(w0, _mm512_maskz_loadu_ps(m0, x + 16 * g), a0[g]);
-            if (m1) a1[g] = _mm512_fmadd_ps(w1, _mm512_maskz_loadu_ps(m1, x + 16 * (G + g)), a1[g]);
-        }
+        __mmask16 m0, m1;
+        tail_masks(k1 - k, &m0, &m1);
+        fma_tokens_tail(fp8x16_placed_masked(w + k, m0), fp8x16_placed_masked(w + k + 16, m1), m0, m1, x, a0, a1, G);
     }
 }
 
@@ -386,12 +378,7 @@ MV32 sums_mxfp4(F32_LOOP_ARGS) { /* columns a multiple of 32 */
         else PREFETCH(w + k / 2);
         const __m512 table = _mm512_mul_ps(lut, _mm512_set1_ps(e8m0_table[sc[k / 32]]));
         const __m512i d = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(w + k / 2)));
-        const __m512 lo = _mm512_permutexvar_ps(d, table), hi = _mm512_permutexvar_ps(_mm512_srli_epi32(d, 4), table);
-        #pragma GCC unroll 8
-        for (int g = 0; g < G; g++) {
-            a0[g] = _mm512_fmadd_ps(lo, _mm512_loadu_ps(x + 16 * g), a0[g]);
-            a1[g] = _mm512_fmadd_ps(hi, _mm512_loadu_ps(x + 16 * (G + g)), a1[g]);
-        }
+        fma_tokens(_mm512_permutexvar_ps(d, table), _mm512_permutexvar_ps(_mm512_srli_epi32(d, 4), table), x, a0, a1, G);
     }
 }
 

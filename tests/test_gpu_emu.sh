@@ -232,7 +232,7 @@ section "glm run --gpu --draft N"
 # --- glm run --gpu --draft N: speculative decoding with the MTP layer on the device -------------------
 # greedy --draft 1 and 3 give --draft 0's tokens and the CPU's --draft N tokens and acceptance counts;
 # GLM_DRAFT_ORACLE (the drafts are that output itself) accepts every draft, so verify and rollback run
-# with long accepted prefixes; the MTP layer on device 1 of --gpus 2 too (--draft 3). The tiny checkpoints have
+# with long accepted prefixes; at wave 32 and on device 1 of --gpus 2 too (--draft 3). The tiny checkpoints have
 # index_share_for_mtp_iteration: draft steps >= 1 take the host's selection (gpu_mtp_draft_shared).
 drafts() { grep -o -- "--draft [0-9]*: [0-9]* of [0-9]* drafts accepted" "$1"; }
 for m in fp8 bf16; do
@@ -241,7 +241,7 @@ for m in fp8 bf16; do
     oracle="$P,$(echo $g0 | tr ' ' ',')"
     for N in 1 3; do
         c=$("$CPU" run -m "$d" --ids $P -n 24 --temp 0 --draft $N 2>"$OUT/spec_cpu.err")
-        runs="glm_emu64 --gpu"; [ $m = fp8 ] && runs="$runs|glm_emu32 --gpu"; [ $m = fp8 ] && [ $N = 3 ] && runs="$runs|glm_emu32 --gpus 2"
+        runs="glm_emu64 --gpu"; [ $m = fp8 ] && [ $N = 3 ] && runs="$runs|glm_emu32 --gpu|glm_emu32 --gpus 2"
         IFS='|' read -ra runs <<<"$runs"
         for run in "${runs[@]}"; do
             bin=${run%% *}; flags=${run#* }

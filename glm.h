@@ -624,11 +624,11 @@ typedef struct {
     /* machine measurements for glm bench (never NULL) */
     double (*read_bandwidth)(const ReadRun *runs, int n_runs); /* bytes/s, all threads */
     double (*fma_peak)(void);                                  /* fp32 FLOP/s, all threads */
-    double (*bf16_speedup)(void); /* vdpbf16ps FLOP/s over fp32 FMA FLOP/s on one core (NULL: no bf16 products) */
+    double (*bf16_speedup)(void); /* vdpbf16ps FLOP/s over fp32 FMA FLOP/s on one core, measured once (NULL: no bf16 products) */
 } Kernels;
 extern Kernels kernels;
-/* x prepared the way the SIMD matvec reads it for W's format (MXFP4: each 32-block as
- * its 16 even then 16 odd elements); untouched otherwise */
+/* x prepared the way the fp32 SIMD matvec reads it for W's format (MXFP4, and BF16's
+ * whole 32-blocks: each 32-block as its 16 even then 16 odd elements); untouched otherwise */
 void matvec_split_x(const Mat *W, const float *x, float *xs);
 /* n tokens' x (token t at x + (rows ? rows[t] : t)*ldx) as kernels.matvec_n_packed reads
  * them: groups of PACK_GROUP tokens, each [16-float vector][token][16] of matvec_split_x's

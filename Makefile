@@ -11,9 +11,16 @@ HDR      = glm.h json.h tokenizer.h tokenizer_unicode.h http.h
 glm: $(SRC) $(HDR)
 	$(CC) $(WARN) $(CFLAGS) $(OMP) -o $@ $(SRC) $(LIBS)
 
-# The same program under AddressSanitizer + UndefinedBehaviorSanitizer.
-glm_asan: $(SRC) $(HDR)
-	$(CC) $(WARN) -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined $(OMP) -o $@ $(SRC) $(LIBS)
+# The same program under AddressSanitizer + UndefinedBehaviorSanitizer, from one object per
+# source so that make -j compiles them side by side (simd.c's unrolled kernels alone take
+# ~20 s with the checks). -O2: the suites run ~25% faster under the sanitizers than at -O1.
+ASAN_FLAGS = -O2 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined
+ASAN_OBJ   = $(patsubst %.c,build/asan/%.o,$(SRC))
+build/asan/%.o: %.c $(HDR)
+	@mkdir -p $(@D)
+	$(CC) $(WARN) $(ASAN_FLAGS) $(OMP) -c -o $@ $<
+glm_asan: $(ASAN_OBJ)
+	$(CC) $(ASAN_FLAGS) $(OMP) -o $@ $(ASAN_OBJ) $(LIBS)
 
 test: glm
 	./test.sh
@@ -43,7 +50,8 @@ demo: glm
 # counts change no bit (races), which ASan does not look for; and test_gpu_emu, whose GPU
 # emulation binaries are not sanitizer builds, so a second pass would repeat the first
 # (CI's 15-minute budget).
-test-asan: glm_asan
+test-asan:
+	$(MAKE) -j$$(nproc 2>/dev/null || echo 2) glm_asan
 	GLM=./glm_asan SAN=1 SKIP="threads gpu_emu" ./test.sh
 
 # GPU builds: the same program (-DGLM_GPU: --gpu, --gpus N) plus glm_hip.hip, one
@@ -198,7 +206,7 @@ isa-report:
 
 clean:
 	rm -f glm glm_asan glm_hip glm_cuda glm_emu glm_emu32 glm_emu64
-	rm -rf build/gpu build/hip build/cuda build/hip-* build/cuda-* build/emu32 build/emu64 build/emu.flags build/gpu_ktest* build/compile_check build/isa_report
+	rm -rf build/asan build/gpu build/hip build/cuda build/hip-* build/cuda-* build/emu32 build/emu64 build/emu.flags build/gpu_ktest* build/compile_check build/isa_report
 	rm -rf fuzz/bin fuzz/obj
 
 # The benchmark of issue 6: a 2-layer checkpoint with GLM-5.2's widths (layer 0 dense,

@@ -892,7 +892,7 @@ def t_spec_sampling():
     greedy, _ = run_ids(d, prompt, 4, ["--temp", "0", "--draft", "0"])
     # under the sanitizers (SAN=1) only enough seeds to run every path: the plain pass holds
     # the statistics
-    seeds = range(1, 1 + (60 if os.environ.get("SAN") else 700))
+    seeds = range(1, 1 + (30 if os.environ.get("SAN") else 700))
     oracle = ",".join(map(str, prompt + greedy))
     env1 = {"OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "passive"}
 

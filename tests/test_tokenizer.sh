@@ -10,7 +10,7 @@
 #   - lossy decode of 600 random id lists equal to HF;
 #   - the 21 known answers, the doc's vectors and chat prompts, invalid UTF-8, 100k-char runs;
 #   - the `glm tokenize` CLI (through tests/tokenizer/tok_cli.c, and $GLM when it has it);
-#   - a fuzz run under ASan+UBSan for TOK_FUZZ_SECONDS (default 30; 0 under SAN=1, the
+#   - a fuzz run under ASan+UBSan for TOK_FUZZ_SECONDS (default 10; 0 under SAN=1, the
 #     sanitizer pass of make test-asan: this pass already fuzzed a sanitizer build).
 # Needs the repository's GLM-5.2 tokenizer.json, build/tokenizer.json (unpacked here from
 # data/glm-5.2-tokenizer/tokenizer.json.gz when missing; override with GLM_TOKENIZER_JSON)
@@ -21,7 +21,7 @@ cd "$(dirname "$0")/.." || exit 1
 CC=${CC:-cc}
 CFLAGS_EXTRA=${CFLAGS_EXTRA:-}
 GLM=${GLM:-./glm}
-if [ -n "${SAN:-}" ] && [ "${SAN:-}" != 0 ]; then FUZZ_SECONDS=${TOK_FUZZ_SECONDS:-0}; else FUZZ_SECONDS=${TOK_FUZZ_SECONDS:-30}; fi
+if [ -n "${SAN:-}" ] && [ "${SAN:-}" != 0 ]; then FUZZ_SECONDS=${TOK_FUZZ_SECONDS:-0}; else FUZZ_SECONDS=${TOK_FUZZ_SECONDS:-10}; fi
 TOK_WHY=
 if [ -n "${GLM_TOKENIZER_JSON:-}" ]; then
     GLM_JSON=$GLM_TOKENIZER_JSON

@@ -615,6 +615,19 @@ def t_bench_json(extra):
           and len(br) == 2 and br[0] * (1 - 1e-3) <= bc <= br[1] * (1 + 1e-3), "batch_cost %r, range %r" % (bc, br))
     check(isinstance(r.get("batch_speedup"), (int, float)) and abs(r["batch_speedup"] - 8 / bc) <= 1e-3 * r["batch_speedup"],
           "batch_speedup %r, 8 / batch_cost %r" % (r.get("batch_speedup"), 8 / bc))
+    # where both steps' time goes: every part of the ops table timed (the lm_head, and the
+    # experts of this MoE checkpoint, in both), the rest of the step not negative, and the
+    # parts adding up to the step (each printed to 1 us)
+    st, parts = r.get("batch_step_ms"), r.get("batch_parts_ms")
+    names = ["lm_head", "products", "experts", "absorb", "attention", "rest"]
+    check(isinstance(st, list) and len(st) == 2 and all(isinstance(x, (int, float)) and x > 0 for x in st), "batch_step_ms %r" % (st,))
+    check(isinstance(parts, dict) and list(parts) == names and all(isinstance(v, list) and len(v) == 2 for v in parts.values()),
+          "batch_parts_ms %r" % (parts,))
+    for k in range(2):
+        check(parts["lm_head"][k] > 0 and parts["experts"][k] > 0 and parts["products"][k] > 0 and min(parts[n][k] for n in names) >= -0.002,
+              "batch_parts_ms, %s: %r" % (("one sequence", "8")[k], parts))
+        total = sum(parts[n][k] for n in names)
+        check(abs(total - st[k]) <= 0.01, "batch_parts_ms add up to %.3f ms, the step took %.3f" % (total, st[k]))
     # decode over the weights' own read: bytes per token x tok/s over that read (the ratio
     # printed to 4 digits, the read to 10 MB/s)
     dw = r["decode_bytes_per_token"] * r["decode_tps_ctx0"] / (r["weights_read_gbs"] * 1e9)

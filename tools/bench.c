@@ -8,7 +8,8 @@
  *            main-model pass over N + 1 tokens, and c, one MTP draft step; and the speedup
  *            they imply for an acceptance rate a
  *   batch    glm serve's decode step of 8 sequences (forward_batch) in decode steps, and
- *            the aggregate speedup it gives: 8 / that
+ *            the aggregate speedup it gives: 8 / that; where both steps' time goes (the
+ *            entries of the ops table, timed)
  *
  * Decode reads every weight once per token, so its bound is the memory's bandwidth;
  * prefill reuses each weight for a chunk of tokens, so its bound is the FMA rate. The
@@ -406,10 +407,74 @@ static SpecCost timed_spec_costs(Session *S, const int *ids, int P) {
  * sequences, and with MoE so do the experts read. */
 enum { BATCH_SEQS = 8, BATCH_CTX = 64, BATCH_PROMPT = 16 };
 
+/* Where a step's time goes: the heavy ops (glm.h's ops table) by what they compute, and
+ * the rest of glm.c's step between them (norms, RoPE, the cache rows, routing, residuals). */
+enum { PART_LM_HEAD, PART_PRODUCTS, PART_EXPERTS, PART_ABSORB, PART_ATTEND, PART_REST, N_PARTS };
+static const char *const part_name[N_PARTS] = {"lm_head", "products", "experts", "absorb", "attention", "rest"};
+static const char *const part_what[N_PARTS] = {
+    "the lm_head", "the other weight products (attention's projections, o_proj, dense MLP, router)",
+    "the MoE's shared and routed experts", "MLA's absorb and un-absorb", "the attention over the cache", "the rest"};
+
 typedef struct {
     int measured;           /* 0 with --gpu */
     double cost, lo, hi;    /* the batch step in decode steps: median round, fastest, slowest */
+    double part[2][N_PARTS];/* [one sequence, BATCH_SEQS] seconds per step in each part (mean over the rounds) */
+    double step[2];         /* the same steps' mean time */
 } BatchCost;
+
+/* The timing wrappers: while g_part points at a step's parts, each op adds its time there,
+ * then calls the table bench found (g_inner). The ops run from the main thread, each
+ * parallel inside, so one clock around each call measures it. */
+static Ops g_inner;
+static const Mat *g_lm_head;
+static double *g_part; /* [N_PARTS] */
+
+static void add_part(int part, double t0) { g_part[part] += now_s() - t0; }
+static void timed_matmul(float *y, const float *x, const Mat *W, int n) {
+    const double t = now_s();
+    g_inner.matmul(y, x, W, n);
+    add_part(W == g_lm_head ? PART_LM_HEAD : PART_PRODUCTS, t);
+}
+static void timed_matmul_group(const Product *p, int np, int n) {
+    const double t = now_s();
+    g_inner.matmul_group(p, np, n);
+    add_part(PART_PRODUCTS, t);
+}
+static void timed_moe_experts(const Model *m, const Layer *L, RunState *s, const float *x, float *y, int n) {
+    const double t = now_s();
+    g_inner.moe_experts(m, L, s, x, y, n);
+    add_part(PART_EXPERTS, t);
+}
+static void timed_mla_absorb(const Config *c, const Layer *L, RunState *s, int n) {
+    const double t = now_s();
+    g_inner.mla_absorb(c, L, s, n);
+    add_part(PART_ABSORB, t);
+}
+static void timed_mla_unabsorb(const Config *c, const Layer *L, RunState *s, int n) {
+    const double t = now_s();
+    g_inner.mla_unabsorb(c, L, s, n);
+    add_part(PART_ABSORB, t);
+}
+static void timed_mla_attend(const Model *m, const Layer *L, const KVCache *kv, RunState *s, int layer, int n, int pos0) {
+    const double t = now_s();
+    g_inner.mla_attend(m, L, kv, s, layer, n, pos0);
+    add_part(PART_ATTEND, t);
+}
+
+/* Puts the timing wrappers into the ops table (parts: where they add), or (NULL) puts
+ * the table back. */
+static void time_ops(const Model *m, double *parts) {
+    if (!parts) { ops = g_inner; g_part = NULL; return; }
+    g_inner = ops;
+    g_lm_head = &m->lm_head;
+    g_part = parts;
+    ops.matmul = timed_matmul;
+    ops.matmul_group = timed_matmul_group;
+    ops.moe_experts = timed_moe_experts;
+    ops.mla_absorb = timed_mla_absorb;
+    ops.mla_unabsorb = timed_mla_unabsorb;
+    ops.mla_attend = timed_mla_attend;
+}
 
 static BatchCost timed_batch_cost(Session *S, const int *ids) {
     BatchCost bc = {0};
@@ -424,23 +489,38 @@ static BatchCost timed_batch_cost(Session *S, const int *ids) {
         kvcache_init(&kv[i], m, BATCH_CTX);
         forward(m, &kv[i], &S->state, ids + 3 * i, BATCH_PROMPT, logits, 0);
     }
-    double ratio[SPEC_RUNS];
+    double ratio[SPEC_RUNS], part[2][N_PARTS] = {{0}}, step[2] = {0};
     for (int run = -1; run < SPEC_RUNS; run++) {
         kv[0].pos = BATCH_PROMPT;
+        time_ops(m, part[0]);
         double t = now_s();
         forward(m, &kv[0], &S->state, ids + 1, 1, logits, 0);
         const double td = now_s() - t;
+        time_ops(m, NULL);
         SeqTokens seq[BATCH_SEQS];
         for (int i = 0; i < BATCH_SEQS; i++) {
             kv[i].pos = BATCH_PROMPT;
             seq[i] = (SeqTokens){&kv[i], ids + 2 + i, 1, 0, NULL};
         }
+        time_ops(m, part[1]);
         t = now_s();
         forward_batch(m, &S->state, seq, BATCH_SEQS, logits);
-        if (run >= 0) ratio[run] = (now_s() - t) / td;
+        const double tb = now_s() - t;
+        time_ops(m, NULL);
+        if (run < 0) { memset(part, 0, sizeof part); continue; } /* the untimed first round */
+        ratio[run] = tb / td;
+        step[0] += td;
+        step[1] += tb;
     }
     bc.measured = 1;
     bc.cost = median_spread(ratio, SPEC_RUNS, &bc.lo, &bc.hi);
+    for (int k = 0; k < 2; k++) {
+        double ops_s = 0;
+        for (int p = 0; p < PART_REST; p++) ops_s += part[k][p];
+        part[k][PART_REST] = step[k] - ops_s;
+        for (int p = 0; p < N_PARTS; p++) bc.part[k][p] = part[k][p] / SPEC_RUNS;
+        bc.step[k] = step[k] / SPEC_RUNS;
+    }
     for (int i = 0; i < BATCH_SEQS; i++) kvcache_free(&kv[i]);
     free(logits);
     step_end(t0);
@@ -512,10 +592,14 @@ static void print_json(const BenchResult *b) {
            d->weights_bw / 1e9, gbs0 / d->weights_bw,
            b->L, d->tpsL, gbsL / d->bwL, d->bwL / 1e9, b->huge);
     if (kernels.bf16_speedup) printf(", \"bf16_speedup\": %.3f", kernels.bf16_speedup());
-    if (b->batch.measured)
+    if (b->batch.measured) {
+        const BatchCost *bc = &b->batch;
         printf(", \"batch_seqs\": %d, \"batch_cost\": %.4g, \"batch_cost_range\": [%.4g, %.4g], \"batch_speedup\": %.4g", BATCH_SEQS,
-               b->batch.cost, b->batch.lo, b->batch.hi, BATCH_SEQS / b->batch.cost);
-    else printf(", \"batch_seqs\": %d, \"batch_cost\": null, \"batch_speedup\": null", BATCH_SEQS);
+               bc->cost, bc->lo, bc->hi, BATCH_SEQS / bc->cost);
+        printf(", \"batch_step_ms\": [%.3f, %.3f], \"batch_parts_ms\": {", bc->step[0] * 1e3, bc->step[1] * 1e3);
+        for (int p = 0; p < N_PARTS; p++) printf("%s\"%s\": [%.3f, %.3f]", p ? ", " : "", part_name[p], bc->part[0][p] * 1e3, bc->part[1][p] * 1e3);
+        printf("}");
+    } else printf(", \"batch_seqs\": %d, \"batch_cost\": null, \"batch_speedup\": null", BATCH_SEQS);
     print_spec_json(&b->spec);
     printf("}\n");
 }
@@ -541,10 +625,14 @@ static void print_table(const BenchResult *b) {
            d->bytesL / 1e9, gbsL / 1e9, gbsL / d->bwL, d->bwL / 1e9);
     printf("  slowdown  context 0 -> %d: %.2fx\n", b->L, d->tps0 / d->tpsL);
     print_spec_table(&b->spec, b->P);
-    if (b->batch.measured)
+    if (b->batch.measured) {
+        const BatchCost *bc = &b->batch;
         printf("  batch     a decode step of %d sequences (glm serve): %.2f decode steps [%.2f, %.2f], so %.2fx one sequence's tok/s\n",
-               BATCH_SEQS, b->batch.cost, b->batch.lo, b->batch.hi, BATCH_SEQS / b->batch.cost);
-    else printf("  batch     not measured (--gpu)\n");
+               BATCH_SEQS, bc->cost, bc->lo, bc->hi, BATCH_SEQS / bc->cost);
+        printf("            ms per step, one sequence -> %d (mean of %d rounds): %.1f -> %.1f\n", BATCH_SEQS, SPEC_RUNS, bc->step[0] * 1e3, bc->step[1] * 1e3);
+        for (int p = 0; p < N_PARTS; p++)
+            printf("              %-9s %7.1f -> %7.1f  %s\n", part_name[p], bc->part[0][p] * 1e3, bc->part[1][p] * 1e3, part_what[p]);
+    } else printf("  batch     not measured (--gpu)\n");
 }
 
 /* glm bench: the steps in the order the header describes, then one report. */

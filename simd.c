@@ -364,17 +364,47 @@ MV32 sums_fp8(F32_LOOP_ARGS) {
     }
 }
 
+/* Each E2M1 value times each E8M0 scale (the products are exact): a block's table is one
+ * load instead of a broadcast and a multiply. A few tokens' MXFP4 sums are bound by the
+ * vector ports, not by memory (per 32 weights: the decode's 4 instructions and 2 FMAs per
+ * token), so the multiply was one instruction in 7-9. Filled by kernels_init. */
+static float mx_e2m1_scaled[256][16] __attribute__((aligned(64)));
+
 MV32 sums_mxfp4(F32_LOOP_ARGS) { /* columns a multiple of 32 */
     const uint8_t *w = W->w + (size_t)r * (W->cols / 2), *sc = W->mx_scale + (size_t)r * (W->cols / 32);
     const uint8_t *p = pf;
-    const __m512 lut = _mm512_loadu_ps(e2m1_value);
     for (; k < k1; k += 32, x += 32 * G) {
         if (pf) { if (k % 128 == 0) _mm_prefetch((const char *)p, _MM_HINT_T0); p += 16; }
         else PREFETCH(w + k / 2);
-        const __m512 table = _mm512_mul_ps(lut, _mm512_set1_ps(e8m0_table[sc[k / 32]]));
+        const __m512 table = _mm512_load_ps(mx_e2m1_scaled[sc[k / 32]]);
         const __m512i d = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(w + k / 2)));
         fma_tokens(_mm512_permutexvar_ps(d, table), _mm512_permutexvar_ps(_mm512_srli_epi32(d, 4), table), x, a0, a1, G);
     }
+}
+
+/* One token's sums of rows r and r + 1 of an MXFP4 matrix (a[0], a[1]: row r's two sums,
+ * a[2], a[3]: row r + 1's), whole rows, each row's operations those of sums_mxfp4 in the
+ * same order, so each row's sums are bit for bit its own. One row alone is two chains of
+ * FMAs, each waiting ~4 cycles for the last: a lone token's MXFP4 row then runs at 16 bytes
+ * per 4 cycles a core (~8 GB/s measured in L2), below a core's share of the memory's
+ * bandwidth; two rows make four chains. */
+AVX512 static __attribute__((noinline)) void row_sums2_mxfp4_1(const Mat *W, int r, const float *x, RowSums *s0, RowSums *s1) {
+    const int n = W->cols;
+    const uint8_t *w0 = W->w + (size_t)r * (n / 2), *w1 = w0 + n / 2, *sc0 = W->mx_scale + (size_t)r * (n / 32), *sc1 = sc0 + n / 32;
+    __m512 a00 = s0->s[0][0], a01 = s0->s[0][1], a10 = s1->s[0][0], a11 = s1->s[0][1];
+    for (int k = 0; k < n; k += 32, x += 32) {
+        PREFETCH(w0 + k / 2);
+        PREFETCH(w1 + k / 2);
+        const __m512 t0 = _mm512_load_ps(mx_e2m1_scaled[sc0[k / 32]]), t1 = _mm512_load_ps(mx_e2m1_scaled[sc1[k / 32]]);
+        const __m512i d0 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(w0 + k / 2)));
+        const __m512i d1 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(w1 + k / 2)));
+        const __m512 x0 = _mm512_loadu_ps(x), x1 = _mm512_loadu_ps(x + 16);
+        a00 = _mm512_fmadd_ps(_mm512_permutexvar_ps(d0, t0), x0, a00);
+        a01 = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(d0, 4), t0), x1, a01);
+        a10 = _mm512_fmadd_ps(_mm512_permutexvar_ps(d1, t1), x0, a10);
+        a11 = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(d1, 4), t1), x1, a11);
+    }
+    s0->s[0][0] = a00; s0->s[0][1] = a01; s1->s[0][0] = a10; s1->s[0][1] = a11;
 }
 
 /* row_sums: adds row r's columns [k0, k1) for G tokens into *sums: the format's loop (sums_*), q the
@@ -446,7 +476,17 @@ AVX512 static void rows_f32(const Mat *W, int r0, int nr, const float *q, float 
     const float *x = fp8 ? xq : q;
     int qb = -1; /* FP8: the scale block xq is for */
     if (!blocked) { /* one row at a time, whole: each thread reads one sequential stream */
-        for (int i = 0; i < nr; i++) {
+        int i = 0;
+        if (G == 1 && W->fmt == WF_MXFP4) /* one token: two rows at a time (row_sums2_mxfp4_1) */
+            for (; i + 2 <= nr; i += 2) {
+                RowSums s0, s1;
+                zero_sums(&s0, 1);
+                zero_sums(&s1, 1);
+                row_sums2_mxfp4_1(W, r0 + i, q, &s0, &s1);
+                store_sums(&s0, post, y + i, ldy, 1);
+                store_sums(&s1, post, y + i + 1, ldy, 1);
+            }
+        for (; i < nr; i++) {
             const int r = r0 + i;
             if (fp8 && r / 128 != qb) { qb = r / 128; fp8_x_scaled(W, qb, q, xq, G); }
             RowSums sums;
@@ -1579,6 +1619,8 @@ void kernels_init(const char *want) {
     }
     if (want && !strcmp(want, "avx2")) return; /* GLM_KERNELS=avx2: test the AVX2 set on an AVX-512 machine */
     if (cpu_has_avx512()) {
+        for (int sc = 0; sc < 256; sc++)
+            for (int i = 0; i < 16; i++) mx_e2m1_scaled[sc][i] = e2m1_value[i] * e8m0_to_f32((uint8_t)sc);
         Kernels k = {.name = "AVX-512", .matvec = matvec_avx512, .matvec_n_packed = matvec_n_packed_avx512, .dequant_row = dequant_row_avx512, .gemm_panel = gemm_panel_avx512,
                      .pack_panel = pack_panel_avx512, .matvec_transposed_bf16 = matvec_transposed_bf16_avx512,
                      .dot = dot_f32_avx512, .axpy = axpy_f32_avx512, .softmax = softmax_avx512, .index_relu_sums = index_relu_sums_avx512,

@@ -120,7 +120,9 @@ static const struct { const char *name; int bit; const char *synopsis, *what; } 
      "top-1 agreement, and the perplexity of each."},
     {"bench", BENCH, "-m DIR [options]",
      "Prefill FLOP/s against this machine's fp32 FMA peak, decode GB/s against its read bandwidth\n"
-     "(measured in the same run), at context 0 and after a long context."},
+     "(measured in the same run), at context 0 and after a long context; what --draft's verify\n"
+     "passes and glm serve's 8-sequence decode step cost in decode steps, and where a decode step\n"
+     "and that batch step spend their time (lm_head, other products, experts, attention)."},
 };
 
 static void usage(FILE *f) {

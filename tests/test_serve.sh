@@ -33,8 +33,8 @@
 #   the queue; SIGTERM during a stream ends it, answers the queued request and the server exits
 #   0 within 5 s; the same under load; SIGINT on an idle server with an idle connection and half
 #   a request open the same.
-# Ends with "N passed, N failed"; exits non-zero on any failure. Takes ~45 s on 2 cores
-# (SAN=1, ./glm_asan: ~125 s, mostly server starts and waits under ASan); the logs are left in tests/out/serve/
+# Ends with "N passed, N failed"; exits non-zero on any failure. Takes ~55 s on 2 cores
+# (SAN=1, ./glm_asan: ~60 s); the logs are left in tests/out/serve/
 export GLM_PRECISION="${GLM_PRECISION:-fp32}"
 set -u
 cd "$(dirname "$0")/.." || exit 1

@@ -279,6 +279,14 @@ static int token_run_rows(const Mat *W, int nr, int parallel) {
     return rows < 1 ? 1 : rows;
 }
 
+/* Rows [r0, r0+nr) of W for n tokens whose x token_layouts laid out in xb: y[t*ldy + i],
+ * each token's sums its one-token product's (few_tokens_kernel said there is a kernel). */
+static void token_rows(const Mat *W, int r0, int nr, const void *xb, int n, float *y, size_t ldy) {
+    if (matvec_in_bf16(W)) kernels.matvec_bf16_n(W, r0, nr, xb, XS_COLS, n, y, ldy);
+    else if (kernels.matvec_n_packed) kernels.matvec_n_packed(W, r0, nr, xb, n, y, ldy);
+    else kernels.matvec_n(W, r0, nr, xb, XS_COLS, xb, XS_COLS, n, y, ldy);
+}
+
 /* A few tokens (the sequences of a serve batch, a draft being checked, an expert's share
  * of them): every row streams from memory once and serves all tokens (matvec_bf16_n), in
  * runs over the threads as in matvec_jobs. Each token's x is laid out and rounded once. A
@@ -628,16 +636,22 @@ static void head_block_values(const Config *c, const float *latent, const int *s
     }
 }
 
-/* un-absorb: o_heads[t][h] = W_UV[h] · o_lat[t][h]. A decode step's tokens (up to
- * MATVEC_MAX_TOKENS) make NH small products each (DV rows, a different x each): they go
- * to matvec_jobs as one pool, head by head, so each head's 256 KB of W_UV is read from
- * memory once for all the tokens and each token's sums are its one-token products' (1.8x
- * the GB/s of a parallel loop over heads of one product each, whose per-call costs, x's
- * layout and a nested parallel region, weigh on 256 KB of weights). A prompt chunk: a
- * product of its tokens per head. */
+/* un-absorb: o_heads[t][h] = W_UV[h] · o_lat[t][h]. One token: NH small products (DV
+ * rows) as one matvec_jobs pool (1.8x the GB/s of a parallel loop over heads of one
+ * product each, whose per-call costs, x's layout and a nested parallel region, weigh on
+ * 256 KB of weights). A decode batch's few tokens: a head per job, its rows decoded once
+ * for all the tokens by the few-token kernel (token_rows), each token's sums its
+ * one-token product's. A prompt chunk: a product of its tokens per head. */
 static void fast_mla_unabsorb(const Config *c, const Layer *L, RunState *s, int n) {
     const int NH = c->n_heads, DN = c->qk_nope, DV = c->v_head, KR = c->kv_lora_rank;
-    if (n <= MATVEC_MAX_TOKENS) {
+    if (n > 1 && n <= MATVEC_MAX_TOKENS && few_tokens_kernel(&L->kv_b)) {
+#pragma omp parallel for schedule(dynamic, 1)
+        for (int h = 0; h < NH; h++) {
+            void *xb = g_tokens_xs + (size_t)thread_id() * MATVEC_MAX_TOKENS * XS_COLS;
+            token_layouts(&L->kv_b, s->o_lat + (size_t)h * KR, NH * KR, NULL, n, xb);
+            token_rows(&L->kv_b, h * (DN + DV) + DN, DV, xb, n, s->o_heads + (size_t)h * DV, (size_t)NH * DV);
+        }
+    } else if (n <= MATVEC_MAX_TOKENS) {
         Matvec job[NH * n];
         for (int h = 0; h < NH; h++)
             for (int t = 0; t < n; t++)
@@ -725,9 +739,7 @@ static void token_products(const TokenProduct *p, int np) {
     for (int k = 0; k < runs; k++) {
         const TokenProduct *q = &p[run[k][0]];
         const int r = run[k][1], nr = q->W->rows - r < rows_of[run[k][0]] ? q->W->rows - r : rows_of[run[k][0]];
-        if (matvec_in_bf16(q->W)) kernels.matvec_bf16_n(q->W, r, nr, q->x, XS_COLS, q->n, q->y + r, (size_t)q->ldy);
-        else if (kernels.matvec_n_packed) kernels.matvec_n_packed(q->W, r, nr, q->x, q->n, q->y + r, (size_t)q->ldy);
-        else kernels.matvec_n(q->W, r, nr, q->x, XS_COLS, q->x, XS_COLS, q->n, q->y + r, (size_t)q->ldy);
+        token_rows(q->W, r, nr, q->x, q->n, q->y + r, (size_t)q->ldy);
     }
     free(run);
 }

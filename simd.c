@@ -370,21 +370,30 @@ MV32 sums_fp8(F32_LOOP_ARGS) {
  * token), so the multiply was one instruction in 7-9. Filled by kernels_init. */
 static float mx_e2m1_scaled[256][16] __attribute__((aligned(64)));
 
+/* One MXFP4 block as fp32: its 16 bytes w (scale byte sc) -> lo, the values of the low
+ * nibbles (even columns), and hi, those of the high nibbles (odd columns). */
+AVX512 static inline void mxfp4x32(const uint8_t *w, uint8_t sc, __m512 *lo, __m512 *hi) {
+    const __m512 table = _mm512_load_ps(mx_e2m1_scaled[sc]);
+    const __m512i d = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)w));
+    *lo = _mm512_permutexvar_ps(d, table);
+    *hi = _mm512_permutexvar_ps(_mm512_srli_epi32(d, 4), table);
+}
+
 MV32 sums_mxfp4(F32_LOOP_ARGS) { /* columns a multiple of 32 */
     const uint8_t *w = W->w + (size_t)r * (W->cols / 2), *sc = W->mx_scale + (size_t)r * (W->cols / 32);
     const uint8_t *p = pf;
     for (; k < k1; k += 32, x += 32 * G) {
         if (pf) { if (k % 128 == 0) _mm_prefetch((const char *)p, _MM_HINT_T0); p += 16; }
         else PREFETCH(w + k / 2);
-        const __m512 table = _mm512_load_ps(mx_e2m1_scaled[sc[k / 32]]);
-        const __m512i d = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(w + k / 2)));
-        fma_tokens(_mm512_permutexvar_ps(d, table), _mm512_permutexvar_ps(_mm512_srli_epi32(d, 4), table), x, a0, a1, G);
+        __m512 lo, hi;
+        mxfp4x32(w + k / 2, sc[k / 32], &lo, &hi);
+        fma_tokens(lo, hi, x, a0, a1, G);
     }
 }
 
-/* One token's sums of rows r and r + 1 of an MXFP4 matrix (a[0], a[1]: row r's two sums,
- * a[2], a[3]: row r + 1's), whole rows, each row's operations those of sums_mxfp4 in the
- * same order, so each row's sums are bit for bit its own. One row alone is two chains of
+/* One token's sums of rows r and r + 1 of an MXFP4 matrix, whole rows, into s0 and s1:
+ * each row's operations those of sums_mxfp4 in the same order, so each row's sums are bit
+ * for bit its own. One row alone is two chains of
  * FMAs, each waiting ~4 cycles for the last: a lone token's MXFP4 row then runs at 16 bytes
  * per 4 cycles a core (~8 GB/s measured in L2), below a core's share of the memory's
  * bandwidth; two rows make four chains. */
@@ -395,14 +404,14 @@ AVX512 static __attribute__((noinline)) void row_sums2_mxfp4_1(const Mat *W, int
     for (int k = 0; k < n; k += 32, x += 32) {
         PREFETCH(w0 + k / 2);
         PREFETCH(w1 + k / 2);
-        const __m512 t0 = _mm512_load_ps(mx_e2m1_scaled[sc0[k / 32]]), t1 = _mm512_load_ps(mx_e2m1_scaled[sc1[k / 32]]);
-        const __m512i d0 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(w0 + k / 2)));
-        const __m512i d1 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(w1 + k / 2)));
+        __m512 lo0, hi0, lo1, hi1;
+        mxfp4x32(w0 + k / 2, sc0[k / 32], &lo0, &hi0);
+        mxfp4x32(w1 + k / 2, sc1[k / 32], &lo1, &hi1);
         const __m512 x0 = _mm512_loadu_ps(x), x1 = _mm512_loadu_ps(x + 16);
-        a00 = _mm512_fmadd_ps(_mm512_permutexvar_ps(d0, t0), x0, a00);
-        a01 = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(d0, 4), t0), x1, a01);
-        a10 = _mm512_fmadd_ps(_mm512_permutexvar_ps(d1, t1), x0, a10);
-        a11 = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(d1, 4), t1), x1, a11);
+        a00 = _mm512_fmadd_ps(lo0, x0, a00);
+        a01 = _mm512_fmadd_ps(hi0, x1, a01);
+        a10 = _mm512_fmadd_ps(lo1, x0, a10);
+        a11 = _mm512_fmadd_ps(hi1, x1, a11);
     }
     s0->s[0][0] = a00; s0->s[0][1] = a01; s1->s[0][0] = a10; s1->s[0][1] = a11;
 }
@@ -567,14 +576,11 @@ AVX512 static void dequant_range_avx512(const Mat *W, int r, int k0, int kc, flo
     case WF_MXFP4: { /* byte i holds elements 2i (low nibble) and 2i+1: interleave after the lookup */
         const uint8_t *w = W->w + (size_t)r * (n / 2);
         const uint8_t *sc = W->mx_scale + (size_t)r * (n / 32);
-        const __m512 lut = _mm512_loadu_ps(e2m1_value);
         const __m512i lo_idx = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
         const __m512i hi_idx = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
         for (int b = k0 / 32; b < end / 32; b++) {
-            __m512i d = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(w + 16 * b)));
-            __m512 s = _mm512_set1_ps(e8m0_table[sc[b]]);
-            __m512 ev = _mm512_mul_ps(_mm512_permutexvar_ps(d, lut), s);
-            __m512 od = _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(d, 4), lut), s);
+            __m512 ev, od;
+            mxfp4x32(w + 16 * b, sc[b], &ev, &od);
             _mm512_storeu_ps(out + 32 * b - k0, _mm512_permutex2var_ps(ev, lo_idx, od));
             _mm512_storeu_ps(out + 32 * b - k0 + 16, _mm512_permutex2var_ps(ev, hi_idx, od));
         }
@@ -761,8 +767,6 @@ AVX512 static void pack_panel_avx512(const float *rows, int ld, int K, float *P)
     }
 }
 
-/* Lanes of a 16-row half of a panel that hold real rows (nj may be past 16 or below 0). */
-
 AVX512 static void gemm_panel_avx512(const float *P, int ldp, int K, const float *X, int ldx, int n, float *Y, int ldy, int nj) {
     __mmask16 m0 = row_mask(nj), m1 = row_mask(nj - 16);
     int t = 0;
@@ -831,15 +835,12 @@ BF16 static void bf16_row_range(const Mat *W, int r, int k0, int kc, uint16_t *o
         break;
     case WF_MXFP4: {
         const uint8_t *w = W->w + (size_t)r * (n / 2), *sc = W->mx_scale + (size_t)r * (n / 32);
-        const __m512 lut = _mm512_loadu_ps(e2m1_value);
         const __m512i top = _mm512_set1_epi32((int)0xFFFF0000u);
         for (int b = k0 / 32; b < (k0 + valid) / 32; b++) {
-            __m512 ls = _mm512_mul_ps(lut, _mm512_set1_ps(e8m0_table[sc[b]]));
-            __m512i d = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(w + 16 * b)));
-            __m512i lo = _mm512_castps_si512(_mm512_permutexvar_ps(d, ls));
-            __m512i hi = _mm512_castps_si512(_mm512_permutexvar_ps(_mm512_srli_epi32(d, 4), ls));
+            __m512 lo, hi;
+            mxfp4x32(w + 16 * b, sc[b], &lo, &hi);
             /* (lo >> 16) | (hi & top): ternary logic A|(B&C) is 0xF8 */
-            _mm512_storeu_si512(out + 32 * b - k0, _mm512_ternarylogic_epi32(_mm512_srli_epi32(lo, 16), hi, top, 0xF8));
+            _mm512_storeu_si512(out + 32 * b - k0, _mm512_ternarylogic_epi32(_mm512_srli_epi32(_mm512_castps_si512(lo), 16), _mm512_castps_si512(hi), top, 0xF8));
         }
         break;
     }

@@ -217,7 +217,8 @@ bench: glm
 	./glm bench -m $(BENCH_DIR)
 
 # glm serve under load (glm loadgen, tools/loadgen.c): 8 clients, prompts sharing a 60% prefix,
-# then one client alone (no shared prefix) for the single-stream speed to compare with.
+# then one client alone (no shared prefix) for the single-stream speed to compare with, then
+# the decode alone: 8 sequences against one (tools/serve_ratio.sh, issue 34's ratio).
 bench-serve: glm
 	test -f $(BENCH_DIR)/config.json || ./glm synth $(BENCH_DIR) --layers 2 --experts 64
 	./glm serve -m $(BENCH_DIR) --port 8091 --parallel 8 & pid=$$!; trap 'kill $$pid 2>/dev/null' EXIT; \
@@ -227,6 +228,9 @@ bench-serve: glm
 	rc=0; ./glm loadgen http://127.0.0.1:8091 --input 2000 --output 100 --shared 0.6 --concurrency 8 --requests 32 || rc=1; \
 	echo "make bench-serve: one client alone, for the ratio:"; \
 	./glm loadgen http://127.0.0.1:8091 --input 2000 --output 100 --shared 0 --concurrency 1 --requests 4 || rc=1; \
+	kill $$pid; wait $$pid 2>/dev/null; \
+	echo "make bench-serve: decode alone, 8 sequences against one (issue 34's ratio):"; \
+	tools/serve_ratio.sh $(BENCH_DIR) 3 || rc=1; \
 	exit $$rc
 
 .PHONY: test test-asan clean demo bench bench-serve fuzz hip cuda emu deps isa-report

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# tests/gpu_check.sh - the GPU path on a machine with a real GPU (< 8 minutes).
+# tests/gpu_check.sh - the GPU path on a machine with a real GPU (< 9 minutes).
 #
 #   tests/gpu_check.sh            NVIDIA: the CUDA build (nvcc); AMD: the HIP build (hipcc)
 #   GPU_CHECK_OUT=dir             scratch (default build/gpu_check; ~9 GB for the synthetic model)
@@ -26,7 +26,9 @@
 #    peak), and on a synthetic checkpoint with the real widths (hidden 6144, 64 heads, 256
 #    experts; 1 dense + 1 MoE layer, `glm synth`) a 2048-token prefill and whole decode
 #    steps against the copy bandwidth of the same run (as graphs, and again launched kernel
-#    by kernel with GLM_GPU_GRAPH=0).
+#    by kernel with GLM_GPU_GRAPH=0);
+# 5. glm serve --gpu on issue 34's benchmark checkpoint: 8 concurrent sequences' decode tok/s
+#    against one's, through HTTP (tools/serve_ratio.sh).
 # Ends with one table. Exit status 0 only if every check passed.
 set -u
 cd "$(dirname "$0")/.."
@@ -170,6 +172,21 @@ GLM_GPU_GRAPH=0 timeout $([ "$vendor" = emu ] && echo 1200 || echo 240) "$KT" --
     bad "bench GLM_GPU_GRAPH=0" "$(tail -n 3 "$OUT/bench_nograph.err" | tr '\n' ' ')"
 d0=$(grep "^BENCH decode_ms " "$OUT/bench_nograph.log" | awk '{print $3}')
 row "decode step, one launch per kernel (GLM_GPU_GRAPH=0)" "${d0:-?} ms" "the graph: $(val decode_ms) ms"
+
+# --- glm serve --gpu: 8 sequences' decode against one's (issue 34: >= 5x) ------------------------------
+# on issue 34's benchmark checkpoint (glm synth --layers 2 --experts 64, 4.4 GB), through HTTP:
+# tools/serve_ratio.sh, two alternating pairs of glm loadgen runs (8 clients, then 1)
+B=$OUT/bench_model
+if [ ! -s "$B/model.safetensors.index.json" ]; then
+    ./glm synth "$B" --layers 2 --experts 64 $([ "$vendor" = emu ] && echo --tiny) >"$OUT/synth_bench.log" 2>&1 ||
+        bad "glm synth (benchmark checkpoint)" "$(tail -n 2 "$OUT/synth_bench.log")"
+fi
+GLM=$BIN PORT=$((20000 + RANDOM % 20000)) timeout $([ "$vendor" = emu ] && echo 1200 || echo 240) \
+    tools/serve_ratio.sh "$B" 2 -- --gpu >"$OUT/serve_ratio.log" 2>&1
+ratio=$(grep '^RATIO ' "$OUT/serve_ratio.log" | awk '{print $2}')
+row "glm serve --gpu, 8 sequences vs 1 (bench model)" "${ratio:-?}x the decode tok/s" "issue 34: >= 5x"
+if [ -n "$ratio" ] && awk -v r="$ratio" 'BEGIN { exit !(r >= 5) }'; then ok "serve --gpu: 8 sequences decode at ${ratio}x one's tok/s"
+else bad "serve --gpu, 8 sequences vs one" "${ratio:-no result}x (target 5x): $(grep -v '^RATIO' "$OUT/serve_ratio.log" | tail -n 3 | tr '\n' ' ')"; fi
 
 echo
 echo "gpu_check: $gpu_name, $vendor build, $(( $(date +%s) - T0 )) s"

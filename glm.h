@@ -451,8 +451,8 @@ void gpu_mtp_forward_keep(GpuModel *g, int mtp_pos, const float *hidden, const i
 void gpu_mtp_draft_shared(GpuModel *g, int mtp_pos, const float *h, int next, float *logits, float *out_hidden,
                           const int *sel, int n_sel);
 int gpu_sample(GpuModel *g, float temperature, float top_p, float u);
-/* Whether the GPU runs a decode step's MLP of layer L in two launches (glm_hip.hip's
- * k_mlp_gate_up / k_mlp_down): its matrices in one of the format pairs those kernels are
+/* Whether the GPU runs a decode step's MLP of layer L through its fused kernels
+ * (glm_hip.hip's mlp_decode: two launches for one token, k_mlp_gate_up / k_mlp_down): its matrices in one of the format pairs those kernels are
  * built for (routed experts, shared expert or dense MLP: BF16/BF16, FP8/FP8, MXFP4/MXFP4,
  * FP8/BF16, MXFP4/BF16), rows in whole 16-byte chunks, at most one shared expert. *ef and
  * *sf (if not NULL) get the two formats. glm plan counts launches with it. */

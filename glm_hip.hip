@@ -823,53 +823,78 @@ __device__ __forceinline__ void assume_global(const DMat &W) {
 #endif
 }
 
-/* The MLP of a decode step in two launches (glm.c moe(): the shared expert, then the A
- * chosen experts weighted and added in index order; a dense layer's SwiGLU is the same
- * with no routed experts and its MLP as the "shared" one).
+/* The MLP of a decode step (glm.c moe(): the shared expert and the A chosen experts
+ * weighted in index order, here added in the order k_mlp_down gives; a dense layer's SwiGLU
+ * is the same with no routed experts and its MLP as the "shared" one). A lone token: two
+ * launches, k_mlp_gate_up and k_mlp_down. Several (glm serve's batch, a --draft verify):
+ * the shared expert or dense MLP is one product over all the tokens, each of its weights
+ * read once for the step as every other product of the step reads them, so its down
+ * projection gets a launch of its own (k_mlp_shared_down) and k_mlp_down adds the chosen
+ * experts' to it. A routed expert is still read once per (token, slot) that chose it.
+ * Either way a token's sums are those it gets alone, bit for bit (gemv_fast_sums sums each
+ * token as its one-token product does, and the terms are added in the same order).
  *
- * Part 1, gate and up of every (token, slot): block row y = ((t * S + s) * 2 + g); slot
- * s < A is token t's k-th chosen expert (format EF), s = A the shared expert (SF; then
- * S = A + 1, else S = A); g picks gate (h1) or up (h2). Rows [t * S + s][FI]. */
-template <int EF, int SF>
+ * Part 1, gate and up. Block row y < n * A * 2: token t's s-th chosen expert (format EF),
+ * y = (t * A + s) * 2 + g; with a shared expert (S = A + 1, else S = A) the two rows after
+ * those, g = y - n * A * 2, run it (SF) for all n <= NT tokens at once. g picks gate (h1)
+ * or up (h2). Rows [t * S + s][FI], the shared expert's at s = A. */
+template <int EF, int SF, int NT>
 __global__ void __launch_bounds__(BLOCK) k_mlp_gate_up(const DMat *gate_t, const DMat *up_t, DMat sh_gate, DMat sh_up, const int *idx, int A, int S,
-                                                       const float *x, int ldx, float *h1, float *h2, int FI) {
-    const int g = blockIdx.y & 1, ts = blockIdx.y >> 1, t = ts / S, s = ts % S;
-    const float *xt = x + (size_t)t * ldx;
-    float *out = (g ? h2 : h1) + (size_t)ts * FI;
-    if (s < A) {
+                                                       const float *x, int ldx, float *h1, float *h2, int FI, int n) {
+    const int routed = n * A * 2;
+    if ((int)blockIdx.y < routed) {
+        const int g = blockIdx.y & 1, ts = blockIdx.y >> 1, t = ts / A, s = ts % A;
         const DMat W = (g ? up_t : gate_t)[idx[t * A + s]];
         assume_global(W);
-        gemv_fast_rows<EF, 1>(W, xt, 0, out, 0, 0, FI, 1, 0, W.cols / GfFormat<EF>::CE);
+        gemv_fast_rows<EF, 1>(W, x + (size_t)t * ldx, 0, (g ? h2 : h1) + ((size_t)t * S + s) * FI, 0, 0, FI, 1, 0, W.cols / GfFormat<EF>::CE);
     } else {
+        const int g = blockIdx.y - routed;
         const DMat &W = g ? sh_up : sh_gate;
-        gemv_fast_rows<SF, 1>(W, xt, 0, out, 0, 0, FI, 1, 0, W.cols / GfFormat<SF>::CE);
+        gemv_fast_rows<SF, NT>(W, x, ldx, (g ? h2 : h1) + (size_t)A * FI, S * FI, 0, FI, n, 0, W.cols / GfFormat<SF>::CE);
     }
 }
 
-/* Part 2, for token t = blockIdx.y and the block's rows of y: the shared expert's down
- * projection of SiLU(h1) * h2, then each chosen expert's, weighted by w and added in slot
- * (= expert index) order; the sum is written once, so the combine needs no launch and no
- * atomics. y [n][H] (the MLP's output, D->out). */
+/* Part 2 of several tokens, first: the shared expert's (or dense MLP's) down projection of
+ * SiLU(h1) * h2 for all n <= NT tokens, into y [n][H]. */
+template <int SF, int NT>
+__global__ void __launch_bounds__(BLOCK) k_mlp_shared_down(DMat sh_down, int A, int S, const float *h1, const float *h2, int FI, float *y, int H, int n) {
+    const int i0 = blockIdx.x * GF_BLOCK_ROWS + wave_uniform(threadIdx.x / WAVE) * GF_RPW;
+    const size_t at = (size_t)A * FI; /* token t's row: (t * S + A) * FI */
+    float o[NT][GF_RPW];
+    gemv_fast_sums<SF, NT, true>(sh_down, h1 + at, h2 + at, S * FI, 0, H, n, 0, sh_down.cols / GfFormat<SF>::CE, i0, o);
+    if (threadIdx.x % WAVE == 0)
+        UNROLL for (int t = 0; t < NT; t++) UNROLL for (int j = 0; j < GF_RPW; j++)
+            if (t < n && i0 + j < H) y[(size_t)t * H + i0 + j] = o[t][j];
+}
+
+/* Part 2, for token t = blockIdx.y and the block's rows of y: each chosen expert's down
+ * projection of SiLU(h1) * h2, weighted by w and added in slot (= expert index) order,
+ * then the shared expert's (unscaled, pitfall 8), or with shared_in_y the sums
+ * k_mlp_shared_down has put in y_shared (the same array as y); the sum is written once,
+ * so the combine needs no launch and no atomics. y [n][H] (the MLP's output, D->out).
+ * glm.c adds the shared expert first: taking it last here, where several tokens' comes
+ * from memory, keeps that read after the loop, whose scalar registers are all in use. */
 template <int EF, int SF>
 __global__ void __launch_bounds__(BLOCK) k_mlp_down(const DMat *down_t, DMat sh_down, const int *idx, const float *w, int A, int S, const float *h1,
-                                                    const float *h2, int FI, float *y, int H) {
+                                                    const float *h2, int FI, const float *y_shared, float *y, int H, int shared_in_y) {
     const int t = blockIdx.y, i0 = blockIdx.x * GF_BLOCK_ROWS + wave_uniform(threadIdx.x / WAVE) * GF_RPW;
     float acc[GF_RPW], o[1][GF_RPW];
     UNROLL for (int j = 0; j < GF_RPW; j++) acc[j] = 0.0f;
-    /* slot -1: the shared expert (unscaled, pitfall 8), first, as glm.c adds it; then the
-     * chosen ones. One call site per format keeps one copy of the product's loop. */
-    for (int k = S > A ? -1 : 0; k < A; k++) {
-        const DMat W = k < 0 ? sh_down : down_t[idx[t * A + k]];
-        if (k >= 0) assume_global(W);
-        const size_t at = ((size_t)t * S + (k < 0 ? A : k)) * FI;
-        if (EF == SF || k >= 0) gemv_fast_sums<EF, 1, true>(W, h1 + at, h2 + at, 0, 0, H, 1, 0, W.cols / GfFormat<EF>::CE, i0, o);
+    /* slot k < A: the chosen experts; k = A: the shared one. One call site per format
+     * keeps one copy of the product's loop. */
+    const int terms = A + (S > A && !shared_in_y ? 1 : 0);
+    for (int k = 0; k < terms; k++) {
+        const DMat W = k == A ? sh_down : down_t[idx[t * A + k]];
+        if (k < A) assume_global(W);
+        const size_t at = ((size_t)t * S + k) * FI;
+        if (EF == SF || k < A) gemv_fast_sums<EF, 1, true>(W, h1 + at, h2 + at, 0, 0, H, 1, 0, W.cols / GfFormat<EF>::CE, i0, o);
         else gemv_fast_sums<SF, 1, true>(W, h1 + at, h2 + at, 0, 0, H, 1, 0, W.cols / GfFormat<SF>::CE, i0, o);
-        const float wk = k < 0 ? 1.0f : w[t * A + k];
-        UNROLL for (int j = 0; j < GF_RPW; j++) acc[j] = k < 0 ? o[0][j] : acc[j] + wk * o[0][j];
+        const float wk = k == A ? 1.0f : w[t * A + k];
+        UNROLL for (int j = 0; j < GF_RPW; j++) acc[j] = k == 0 ? wk * o[0][j] : acc[j] + wk * o[0][j];
     }
     if (threadIdx.x % WAVE == 0)
         UNROLL for (int j = 0; j < GF_RPW; j++)
-            if (i0 + j < H) y[(size_t)t * H + i0 + j] = acc[j];
+            if (i0 + j < H) y[(size_t)t * H + i0 + j] = shared_in_y ? acc[j] + y_shared[(size_t)t * H + i0 + j] : acc[j];
 }
 
 /* The routed experts (decode): block row y is one (token, slot) pair, as k_gemv_experts.
@@ -2294,7 +2319,7 @@ struct GLayer {          /* a Layer whose matrices and vectors live on its devic
     DMat q_a, q_b, kv_a, kv_b, o, ix_wq_b, ix_wk, ix_weights, gate, up, down, router, sh_gate, sh_up, sh_down;
     DMat *ex_gate, *ex_up, *ex_down; /* device tables [E + 1]: the experts, then the shared expert's matrix */
     int ex_fmt[3];       /* gate, up, down: the format every expert shares, or -1 (k_gemv_experts_fast) */
-    int mlp_ef, mlp_sf;  /* the decode MLP in two launches (glm.h gpu_mlp_fused): expert and shared/dense formats, or -1 */
+    int mlp_ef, mlp_sf;  /* the decode MLP's fused kernels (glm.h gpu_mlp_fused): expert and shared/dense formats, or -1 */
     int has_indexer;
     float *latent;       /* [T][KR+DR] this layer's cache */
     float *index_k;      /* [T][ID] (full layers) */
@@ -3038,22 +3063,40 @@ static void attention(GpuModel *g, GDev *D, const GLayer *L, int B, const GSpan 
     matmul(D->out, D->o_heads, L->o, B);
 }
 
-/* A decode step's MLP in two launches (k_mlp_gate_up, k_mlp_down) for n tokens: A routed
- * experts per token from the tables (idx, w: k_moe_route's) and S - A (0 or 1) shared /
- * dense MLP (sg, su, sd) of FI rows; y [n][H]. ef, sf: the formats (glm.h gpu_mlp_fused). */
-static void mlp_two_launches(int ef, int sf, const DMat *gate_t, const DMat *up_t, const DMat *down_t, const DMat &sg, const DMat &su, const DMat &sd,
-                             const int *idx, const float *w, int A, int S, const float *x, int ldx, float *h1, float *h2, int FI, float *y, int H, int n) {
-    void (*ku)(const DMat *, const DMat *, DMat, DMat, const int *, int, int, const float *, int, float *, float *, int) = NULL;
-    void (*kd)(const DMat *, DMat, const int *, const float *, int, int, const float *, const float *, int, float *, int) = NULL;
-#define MLP_FORMATS(E, F) if (ef == E && sf == F) { ku = k_mlp_gate_up<E, F>; kd = k_mlp_down<E, F>; }
+/* A decode step's MLP for n tokens (k_mlp_gate_up, then for several tokens
+ * k_mlp_shared_down, then k_mlp_down where there are routed experts): A routed experts per
+ * token from the tables (idx, w: k_moe_route's) and S - A (0 or 1) shared / dense MLP
+ * (sg, su, sd) of FI rows; y [n][H]. ef, sf: the formats (glm.h gpu_mlp_fused). */
+static void mlp_decode(int ef, int sf, const DMat *gate_t, const DMat *up_t, const DMat *down_t, const DMat &sg, const DMat &su, const DMat &sd,
+                       const int *idx, const float *w, int A, int S, const float *x, int ldx, float *h1, float *h2, int FI, float *y, int H, int n) {
+    typedef void GateUp(const DMat *, const DMat *, DMat, DMat, const int *, int, int, const float *, int, float *, float *, int, int);
+    typedef void SharedDown(DMat, int, int, const float *, const float *, int, float *, int, int);
+    typedef void Down(const DMat *, DMat, const int *, const float *, int, int, const float *, const float *, int, const float *, float *, int, int);
+    GateUp *ku = NULL;
+    SharedDown *ks = NULL;
+    Down *kd = NULL;
+    const bool one = n == 1, shared_apart = !one && S > A; /* one token: the one-token products, the shared expert's down in k_mlp_down */
+#define MLP_FORMATS(E, F)                                                                                             \
+    if (ef == E && sf == F) {                                                                                          \
+        ku = one ? k_mlp_gate_up<E, F, 1> : k_mlp_gate_up<E, F, GEMV_MAXN>;                                            \
+        ks = k_mlp_shared_down<F, GEMV_MAXN>;                                                                          \
+        kd = k_mlp_down<E, F>;                                                                                         \
+    }
     MLP_FORMATS(WF_BF16, WF_BF16) MLP_FORMATS(WF_FP8, WF_FP8) MLP_FORMATS(WF_MXFP4, WF_MXFP4) MLP_FORMATS(WF_FP8, WF_BF16) MLP_FORMATS(WF_MXFP4, WF_BF16)
 #undef MLP_FORMATS
     if (!ku) glm_fatal("GPU: no fused MLP for formats %d/%d", ef, sf);
-    LAUNCHED(ku, dim3((FI + GF_BLOCK_ROWS - 1) / GF_BLOCK_ROWS, n * S * 2), dim3(BLOCK), 0, 0, gate_t, up_t, sg, su, idx, A, S, x, ldx, h1, h2, FI);
-    LAUNCHED(kd, dim3((H + GF_BLOCK_ROWS - 1) / GF_BLOCK_ROWS, n), dim3(BLOCK), 0, 0, down_t, sd, idx, w, A, S, (const float *)h1, (const float *)h2, FI, y, H);
+    if (n > GEMV_MAXN) glm_fatal("mlp_decode: %d tokens (1..%d)", n, GEMV_MAXN);
+    const int shared_rows = S > A ? 2 : 0;
+    LAUNCHED(ku, dim3((FI + GF_BLOCK_ROWS - 1) / GF_BLOCK_ROWS, n * A * 2 + shared_rows), dim3(BLOCK), 0, 0, gate_t, up_t, sg, su, idx, A, S, x, ldx, h1,
+             h2, FI, n);
+    if (shared_apart)
+        LAUNCHED(ks, dim3((H + GF_BLOCK_ROWS - 1) / GF_BLOCK_ROWS), dim3(BLOCK), 0, 0, sd, A, S, (const float *)h1, (const float *)h2, FI, y, H, n);
+    if (A > 0 || !shared_apart)
+        LAUNCHED(kd, dim3((H + GF_BLOCK_ROWS - 1) / GF_BLOCK_ROWS, n), dim3(BLOCK), 0, 0, down_t, sd, idx, w, A, S, (const float *)h1, (const float *)h2, FI,
+                 (const float *)y, y, H, shared_apart);
 }
 
-/* The two-launch MLP applies to this layer and step (decode, fast kernels). */
+/* The fused decode MLP (mlp_decode) applies to this layer and step (decode, fast kernels). */
 static bool mlp_fused_now(const GLayer *L, int n) { return !g_plain_kernels && n <= GEMV_MAXN && L->mlp_ef >= 0; }
 
 static void swiglu(GDev *D, float *y, const float *x, const DMat &gate, const DMat &up, const DMat &down, int n) {
@@ -3083,7 +3126,7 @@ static void moe(GpuModel *g, GDev *D, const GLayer *L, const float *x, float *y,
     LAUNCHED(k_moe_route, dim3(n), dim3(BLOCK), 0, 0, (const float *)D->router, (const float *)L->router_bias, D->route_scr, D->ex_idx, D->ex_w, c->n_experts, A,
            c->n_group, c->topk_group, c->norm_topk_prob, c->routed_scale);
     if (mlp_fused_now(L, n)) {
-        mlp_two_launches(L->mlp_ef, L->mlp_sf, L->ex_gate, L->ex_up, L->ex_down, L->sh_gate, L->sh_up, L->sh_down, D->ex_idx, D->ex_w, A,
+        mlp_decode(L->mlp_ef, L->mlp_sf, L->ex_gate, L->ex_up, L->ex_down, L->sh_gate, L->sh_up, L->sh_down, D->ex_idx, D->ex_w, A,
                          A + (c->n_shared ? 1 : 0), x, H, D->eh1, D->eh2, FI, y, H, n);
         return;
     }
@@ -3155,7 +3198,7 @@ static void layer_forward(GpuModel *g, GDev *D, const GLayer *L, int dense, int 
     /* the residual add and the MLP's norm in one launch */
     LAUNCHED(k_add_rmsnorm, dim3(B), dim3(BLOCK), 0, 0, D->x, (const float *)D->out, D->a, (const float *)L->post_norm, H, c->rms_eps);
     if (dense && mlp_fused_now(L, B))
-        mlp_two_launches(L->mlp_ef, L->mlp_sf, NULL, NULL, NULL, L->gate, L->up, L->down, NULL, NULL, 0, 1, D->a, H, D->h1, D->h2, c->dense_inter, D->out, H, B);
+        mlp_decode(L->mlp_ef, L->mlp_sf, NULL, NULL, NULL, L->gate, L->up, L->down, NULL, NULL, 0, 1, D->a, H, D->h1, D->h2, c->dense_inter, D->out, H, B);
     else if (dense) swiglu(D, D->out, D->a, L->gate, L->up, L->down, B);
     else moe(g, D, L, D->a, D->out, B);
 }

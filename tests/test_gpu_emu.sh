@@ -393,6 +393,20 @@ for v in bf16 mixed ngroup; do
     if [ -n "$got" ] && [ "$got" = "$want" ]; then ok "glm plan's launches = the emulation's count ($v, 20 one-token steps: $got)"
     else bad "glm plan's launches ($v)" "emulation counted '${got}', glm plan says '${want}'"; fi
 done
+# one step of several tokens (a --draft verify pass, glm serve's batch: the shared expert's down
+# projection is a launch of its own there): a prompt of n <= 8 tokens runs as one such step
+for v in bf16 mixed; do
+    d=$OUT/$v
+    want=$("$CPU" plan -m "$d" --json 2>/dev/null | $PY -c "import json,sys; print(' '.join(map(str, json.load(sys.stdin)['launches_rows_1_8'])))")
+    got=
+    for n in 1 2 3 4 5 6 7 8; do
+        got="$got $(GLM_GPU_LAUNCHES=1 ./glm_emu64 logits --gpu -m "$d" --ids "$(seq -s, 1 $n)" -o "$OUT/plan_logits.bin" 2>&1 >/dev/null |
+                    sed -n 's/^glm: gpu: \([0-9]*\) kernel launches$/\1/p')"
+    done
+    got=${got# }
+    if [ -n "$want" ] && [ "$got" = "$want" ]; then ok "glm plan's launches = the emulation's count ($v, one step of 1..8 tokens: $got)"
+    else bad "glm plan's launches, steps of 1..8 tokens ($v)" "emulation counted '${got}', glm plan says '${want}'"; fi
+done
 # over 2 devices a step launches one kernel more (the residual add before the hand-over), which the
 # plan's step time counts beside the hand-over itself
 got=$(GLM_GPU_LAUNCHES=1 ./glm_emu64 logits --gpus 2 --decode -m "$OUT/bf16" --ids "$(seq -s, 1 20)" -o "$OUT/plan_logits.bin" 2>&1 >/dev/null | sed -n 's/^glm: gpu: \([0-9]*\) kernel launches$/\1/p')

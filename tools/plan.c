@@ -58,7 +58,8 @@ typedef struct {
 
 static double mat(const Mat *W) { return (double)W->bytes; }
 
-/* glm_hip.hip's launches for one layer of a decode step at position pos (layer_forward:
+/* glm_hip.hip's launches for one layer of a step at position pos, a decode step of
+ * `decode` tokens (1..8) or a prefill chunk (decode = 0) (layer_forward:
  * the previous layer's residual add fused with the input RMSNorm, the add fused with the
  * MLP's RMSNorm (the MLP's add goes to the next layer); attention: q_a, its norm, q_b,
  * kv_a, RoPE fused with the cache append, the absorb, the attention, its combine once a token selects more keys than
@@ -66,7 +67,8 @@ static double mat(const Mat *W) { return (double)W->bytes; }
  * weights, RoPE, the key, the scores once the context passes index_topk, top-k; the MLP,
  * where its formats allow (glm.h gpu_mlp_fused): gate and up of every expert (the shared
  * one too) in one launch, the down projections with the SiLU and the weighted combine in
- * the next, after the router and the routing (a dense layer: the two alone); otherwise
+ * the next, after the router and the routing (a dense layer: the two alone), and with
+ * several tokens (decode > 1) the shared expert's down projection between them; otherwise
  * dense: gate, up, SiLU, down; MoE: the router, routing, the shared expert's 4, gate, up,
  * SiLU and down of the routed experts, the combine). Kept in step with the code by the
  * emulation's test. */
@@ -86,8 +88,8 @@ static void plan_launches(const Config *c, const Layer *L, int full, int dense, 
         out[K_SMALL] += 3;                  /* rope, key, top-k */
     }
     if (decode && gpu_mlp_fused(c, L, NULL, NULL)) { /* k_mlp_gate_up, k_mlp_down (a MoE layer: + router, routing) */
-        if (dense) out[K_DENSE] += 2;
-        else { out[K_MOE_SHARED] += 1; out[K_SMALL] += 1; out[K_EXPERTS] += 2; }
+        if (dense) out[K_DENSE] += 2; /* several tokens: k_mlp_shared_down instead of k_mlp_down */
+        else { out[K_MOE_SHARED] += 1 + (decode > 1 && c->n_shared); out[K_SMALL] += 1; out[K_EXPERTS] += 2; }
     } else if (!decode && !dense && c->n_shared <= 1) { /* a prefill chunk's grouped experts, the shared one among them */
         out[K_MOE_SHARED] += 1;                 /* router */
         out[K_SMALL] += 4;                      /* routing, k_moe_group, SiLU, combine */
@@ -127,7 +129,7 @@ static StepCost step_cost(const Model *m, int pos, int n_tok) {
             s.bytes[K_MOE_SHARED] += mat(&L->router) + mat(&L->sh_gate) + mat(&L->sh_up) + mat(&L->sh_down);
             s.bytes[K_EXPERTS] += distinct * ex / c->n_experts;
         }
-        plan_launches(c, L, L->has_indexer, L->dense, pos + n_tok - 1, n_tok <= 8, s.launches);
+        plan_launches(c, L, L->has_indexer, L->dense, pos + n_tok - 1, n_tok <= 8 ? n_tok : 0, s.launches);
     }
     return s;
 }
@@ -481,6 +483,8 @@ int plan_main(int argc, char **argv) {
     if (json) { /* one-token steps at positions 0..31 (the emulation's test sums them) */
         printf("\"launches_positions_0_31\": [");
         for (int p = 0; p < 32; p++) printf("%s%d", p ? ", " : "", total_i(step_cost(&m, p, 1).launches, K_N));
+        printf("], \"launches_rows_1_8\": ["); /* one step of n = 1..8 tokens from position 0 (a verify pass, serve's batch) */
+        for (int n = 1; n <= 8; n++) printf("%s%d", n > 1 ? ", " : "", total_i(step_cost(&m, 0, n).launches, K_N));
         printf("], ");
     }
     else {

@@ -694,13 +694,14 @@ __device__ __forceinline__ float *gf_e2m1_lut() {
 }
 
 /* The row sums out[t][j] (every lane holds them) of rows i0..i0+GF_RPW-1 (clamped into
- * nr) of W from row r0, over chunks [c0, c1), for n <= NT tokens of x (rows ldx apart).
+ * nr) of W from row r0, over chunks [c0, c1), for n <= NT tokens of x (rows ldx apart;
+ * xrows: token t is row xrows[t] of x instead, an array in shared memory).
  * GLU: the input is SiLU(x) * x2, formed as x is staged (the SwiGLU down projection reads
  * gate and up outputs and needs no launch of its own). Every thread of the block calls it
  * (it stages x together). */
 template <int FMT, int NT, bool GLU>
 __device__ __forceinline__ void gemv_fast_sums(const DMat &W, const float *x, const float *x2, int ldx, int r0, int nr, int n, int c0, int c1, int i0,
-                                               float (&out)[NT][GF_RPW]) {
+                                               float (&out)[NT][GF_RPW], const int *xrows = nullptr) {
     enum { CE = GfFormat<FMT>::CE, CS = CE + 4 /* padded chunk in shared memory */, PIECE = GF_XS_FLOATS / (NT * CS) };
     float *xs = gf_xs();
     const float *lut = gf_e2m1_lut() + threadIdx.x % 32;
@@ -728,7 +729,7 @@ __device__ __forceinline__ void gemv_fast_sums(const DMat &W, const float *x, co
         __syncthreads(); /* the previous piece is read by every wave */
         for (int t = 0; t < n; t++)
             for (int e = threadIdx.x; e < pn * CE; e += blockDim.x) {
-                const size_t at = (size_t)t * ldx + (size_t)p0 * CE + e;
+                const size_t at = (size_t)(xrows ? xrows[t] : t) * ldx + (size_t)p0 * CE + e;
                 xs[(t * PIECE + e / CE) * CS + e % CE] = GLU ? silu_f(x[at]) * x2[at] : x[at];
             }
         __syncthreads();
@@ -830,23 +831,48 @@ __device__ __forceinline__ void assume_global(const DMat &W) {
  * the shared expert or dense MLP is one product over all the tokens, each of its weights
  * read once for the step as every other product of the step reads them, so its down
  * projection gets a launch of its own (k_mlp_shared_down) and k_mlp_down adds the chosen
- * experts' to it. A routed expert is still read once per (token, slot) that chose it.
+ * experts' to it; a routed expert's gate and up run once for all the tokens that chose it,
+ * its down projection once per (token, slot) (each token adds its experts in slot order).
  * Either way a token's sums are those it gets alone, bit for bit (gemv_fast_sums sums each
  * token as its one-token product does, and the terms are added in the same order).
  *
  * Part 1, gate and up. Block row y < n * A * 2: token t's s-th chosen expert (format EF),
- * y = (t * A + s) * 2 + g; with a shared expert (S = A + 1, else S = A) the two rows after
- * those, g = y - n * A * 2, run it (SF) for all n <= NT tokens at once. g picks gate (h1)
- * or up (h2). Rows [t * S + s][FI], the shared expert's at s = A. */
+ * y = (t * A + s) * 2 + g, run for every token that chose it by the first one's block;
+ * with a shared expert (S = A + 1, else S = A) the two rows after those, g = y - n * A * 2,
+ * run it (SF) for all n <= NT tokens at once. g picks gate (h1) or up (h2). Rows
+ * [t * S + s][FI], the shared expert's at s = A. */
 template <int EF, int SF, int NT>
 __global__ void __launch_bounds__(BLOCK) k_mlp_gate_up(const DMat *gate_t, const DMat *up_t, DMat sh_gate, DMat sh_up, const int *idx, int A, int S,
                                                        const float *x, int ldx, float *h1, float *h2, int FI, int n) {
     const int routed = n * A * 2;
-    if ((int)blockIdx.y < routed) {
-        const int g = blockIdx.y & 1, ts = blockIdx.y >> 1, t = ts / A, s = ts % A;
-        const DMat W = (g ? up_t : gate_t)[idx[t * A + s]];
+    if ((int)blockIdx.y < routed && NT == 1) { /* a lone token */
+        const int g = blockIdx.y & 1, s = blockIdx.y >> 1;
+        const DMat W = (g ? up_t : gate_t)[idx[s]];
         assume_global(W);
-        gemv_fast_rows<EF, 1>(W, x + (size_t)t * ldx, 0, (g ? h2 : h1) + ((size_t)t * S + s) * FI, 0, 0, FI, 1, 0, W.cols / GfFormat<EF>::CE);
+        gemv_fast_rows<EF, 1>(W, x, 0, (g ? h2 : h1) + (size_t)s * FI, 0, 0, FI, 1, 0, W.cols / GfFormat<EF>::CE);
+    } else if ((int)blockIdx.y < routed) {
+        /* several tokens: the block of the first token to choose expert e runs it for every
+         * token that did, each of its gate and up weights read once for the step; the
+         * other such blocks have nothing to do */
+        const int g = blockIdx.y & 1, ts = blockIdx.y >> 1, t = ts / A, e = idx[ts];
+        for (int p = 0; p < t * A; p++)
+            if (idx[p] == e) return;
+        __shared__ int tok[NT], dst[NT], m; /* the tokens' rows of x, their rows of h1/h2 */
+        if (threadIdx.x == 0) {
+            m = 0;
+            for (int p = ts; p < n * A; p++)
+                if (idx[p] == e) { tok[m] = p / A; dst[m] = p / A * S + p % A; m++; }
+        }
+        __syncthreads();
+        const DMat W = (g ? up_t : gate_t)[e];
+        assume_global(W);
+        const int i0 = blockIdx.x * GF_BLOCK_ROWS + wave_uniform(threadIdx.x / WAVE) * GF_RPW;
+        float out[NT][GF_RPW];
+        gemv_fast_sums<EF, NT, false>(W, x, NULL, ldx, 0, FI, m, 0, W.cols / GfFormat<EF>::CE, i0, out, tok);
+        float *h = g ? h2 : h1;
+        if (threadIdx.x % WAVE == 0)
+            UNROLL for (int u = 0; u < NT; u++) UNROLL for (int j = 0; j < GF_RPW; j++)
+                if (u < m && i0 + j < FI) h[(size_t)dst[u] * FI + i0 + j] = out[u][j];
     } else {
         const int g = blockIdx.y - routed;
         const DMat &W = g ? sh_up : sh_gate;

@@ -124,10 +124,12 @@ static StepCost step_cost(const Model *m, int pos, int n_tok) {
         s.bytes[K_ATTEND] += n_tok * (double)n_sel * AD * 4;
         if (L->dense) s.bytes[K_DENSE] += mat(&L->gate) + mat(&L->up) + mat(&L->down);
         else {
-            double ex = 0;
-            for (int e = 0; e < c->n_experts; e++) ex += mat(&L->ex_gate[e]) + mat(&L->ex_up[e]) + mat(&L->ex_down[e]);
+            double gate_up = 0, down = 0;
+            for (int e = 0; e < c->n_experts; e++) { gate_up += mat(&L->ex_gate[e]) + mat(&L->ex_up[e]); down += mat(&L->ex_down[e]); }
             s.bytes[K_MOE_SHARED] += mat(&L->router) + mat(&L->sh_gate) + mat(&L->sh_up) + mat(&L->sh_down);
-            s.bytes[K_EXPERTS] += distinct * ex / c->n_experts;
+            /* gate and up once per expert the tokens chose, the down projection once per (token,
+             * slot) (glm_hip.hip k_mlp_gate_up, k_mlp_down) */
+            s.bytes[K_EXPERTS] += (distinct * gate_up + (double)n_tok * c->n_active * down) / c->n_experts;
         }
         plan_launches(c, L, L->has_indexer, L->dense, pos + n_tok - 1, n_tok <= 8 ? n_tok : 0, s.launches);
     }

@@ -896,13 +896,13 @@ __global__ void __launch_bounds__(BLOCK) k_mlp_shared_down(DMat sh_down, int A, 
 /* Part 2, for token t = blockIdx.y and the block's rows of y: each chosen expert's down
  * projection of SiLU(h1) * h2, weighted by w and added in slot (= expert index) order,
  * then the shared expert's (unscaled, pitfall 8), or with shared_in_y the sums
- * k_mlp_shared_down has put in y_shared (the same array as y); the sum is written once,
+ * k_mlp_shared_down has put in y already; the sum is written once,
  * so the combine needs no launch and no atomics. y [n][H] (the MLP's output, D->out).
  * glm.c adds the shared expert first: taking it last here, where several tokens' comes
  * from memory, keeps that read after the loop, whose scalar registers are all in use. */
 template <int EF, int SF>
 __global__ void __launch_bounds__(BLOCK) k_mlp_down(const DMat *down_t, DMat sh_down, const int *idx, const float *w, int A, int S, const float *h1,
-                                                    const float *h2, int FI, const float *y_shared, float *y, int H, int shared_in_y) {
+                                                    const float *h2, int FI, float *y, int H, int shared_in_y) {
     const int t = blockIdx.y, i0 = blockIdx.x * GF_BLOCK_ROWS + wave_uniform(threadIdx.x / WAVE) * GF_RPW;
     float acc[GF_RPW], o[1][GF_RPW];
     UNROLL for (int j = 0; j < GF_RPW; j++) acc[j] = 0.0f;
@@ -920,7 +920,7 @@ __global__ void __launch_bounds__(BLOCK) k_mlp_down(const DMat *down_t, DMat sh_
     }
     if (threadIdx.x % WAVE == 0)
         UNROLL for (int j = 0; j < GF_RPW; j++)
-            if (i0 + j < H) y[(size_t)t * H + i0 + j] = shared_in_y ? acc[j] + y_shared[(size_t)t * H + i0 + j] : acc[j];
+            if (i0 + j < H) y[(size_t)t * H + i0 + j] = shared_in_y ? acc[j] + y[(size_t)t * H + i0 + j] : acc[j];
 }
 
 /* The routed experts (decode): block row y is one (token, slot) pair, as k_gemv_experts.
@@ -3097,7 +3097,7 @@ static void mlp_decode(int ef, int sf, const DMat *gate_t, const DMat *up_t, con
                        const int *idx, const float *w, int A, int S, const float *x, int ldx, float *h1, float *h2, int FI, float *y, int H, int n) {
     typedef void GateUp(const DMat *, const DMat *, DMat, DMat, const int *, int, int, const float *, int, float *, float *, int, int);
     typedef void SharedDown(DMat, int, int, const float *, const float *, int, float *, int, int);
-    typedef void Down(const DMat *, DMat, const int *, const float *, int, int, const float *, const float *, int, const float *, float *, int, int);
+    typedef void Down(const DMat *, DMat, const int *, const float *, int, int, const float *, const float *, int, float *, int, int);
     GateUp *ku = NULL;
     SharedDown *ks = NULL;
     Down *kd = NULL;
@@ -3119,7 +3119,7 @@ static void mlp_decode(int ef, int sf, const DMat *gate_t, const DMat *up_t, con
         LAUNCHED(ks, dim3((H + GF_BLOCK_ROWS - 1) / GF_BLOCK_ROWS), dim3(BLOCK), 0, 0, sd, A, S, (const float *)h1, (const float *)h2, FI, y, H, n);
     if (A > 0 || !shared_apart)
         LAUNCHED(kd, dim3((H + GF_BLOCK_ROWS - 1) / GF_BLOCK_ROWS, n), dim3(BLOCK), 0, 0, down_t, sd, idx, w, A, S, (const float *)h1, (const float *)h2, FI,
-                 (const float *)y, y, H, shared_apart);
+                 y, H, shared_apart);
 }
 
 /* The fused decode MLP (mlp_decode) applies to this layer and step (decode, fast kernels). */
@@ -3153,7 +3153,7 @@ static void moe(GpuModel *g, GDev *D, const GLayer *L, const float *x, float *y,
            c->n_group, c->topk_group, c->norm_topk_prob, c->routed_scale);
     if (mlp_fused_now(L, n)) {
         mlp_decode(L->mlp_ef, L->mlp_sf, L->ex_gate, L->ex_up, L->ex_down, L->sh_gate, L->sh_up, L->sh_down, D->ex_idx, D->ex_w, A,
-                         A + (c->n_shared ? 1 : 0), x, H, D->eh1, D->eh2, FI, y, H, n);
+                   A + (c->n_shared ? 1 : 0), x, H, D->eh1, D->eh2, FI, y, H, n);
         return;
     }
     const unsigned slots = (unsigned)(n * A);

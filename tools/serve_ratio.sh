@@ -53,6 +53,7 @@ for p in $(seq "$PAIRS"); do
         printf "pair %d: 8 sequences ITL %.1f ms (%.1f tok/s), one %.1f ms (%.1f tok/s): %sx\n", p, b, 8000 / b, a, 1000 / a, r }'
     ratios+=("$r")
 done
-med=$(printf '%s\n' "${ratios[@]}" | sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }')
-echo "serve_ratio: 8 sequences over one, median of $PAIRS pairs: ${med}x (range $(printf '%s\n' "${ratios[@]}" | sort -g | head -n 1)-$(printf '%s\n' "${ratios[@]}" | sort -g | tail -n 1)); issue 34's target 5x"
-echo "RATIO $med"
+# the median and the range of the pairs' ratios, then the line for scripts
+printf '%s\n' "${ratios[@]}" | sort -g | awk -v pairs="$PAIRS" '{ v[NR] = $1 } END {
+    med = (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2
+    printf "serve_ratio: 8 sequences over one, median of %d pairs: %gx (range %s-%s); issue 34'"'"'s target 5x\nRATIO %g\n", pairs, med, v[1], v[NR], med }'

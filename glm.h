@@ -426,7 +426,8 @@ GpuModel *gpu_load(const Model *m, int n_gpus, int ctx);
 GpuModel *gpu_load_slots(const Model *m, int n_gpus, int ctx, int slots);
 void gpu_use_slot(GpuModel *g, int slot);
 /* A decode step of n <= 8 sequences: tokens[i] at pos[i] in cache slot slot[i]; logits
- * [n][V]. Each row's logits are bit for bit those of its own gpu_forward. */
+ * [n][V] (NULL: they stay on the device, for gpu_argmax_rows). Each row's logits are bit
+ * for bit those of its own gpu_forward. */
 #define GPU_BATCH_MAX 8 /* the most rows of a gpu_forward_rows (glm_hip.hip GEMV_MAXN) */
 void gpu_forward_rows(GpuModel *g, const int *slot, const int *pos, const int *tokens, int n, float *logits);
 void gpu_forward(GpuModel *g, int pos, const int *tokens, int n, float *logits, int all_logits);
@@ -451,6 +452,10 @@ void gpu_mtp_forward_keep(GpuModel *g, int mtp_pos, const float *hidden, const i
 void gpu_mtp_draft_shared(GpuModel *g, int mtp_pos, const float *h, int next, float *logits, float *out_hidden,
                           const int *sel, int n_sel);
 int gpu_sample(GpuModel *g, float temperature, float top_p, float u);
+/* The greedy token (gpu_sample at temperature 0) of each of the latest forward's n rows
+ * (gpu_forward_rows, or gpu_forward_hidden's last row), with n ints copied back rather
+ * than the rows' logits: glm serve's greedy decodes call the forward with logits NULL. */
+void gpu_argmax_rows(GpuModel *g, int n, int *tokens);
 /* Whether the GPU runs a decode step's MLP of layer L through its fused kernels
  * (glm_hip.hip's mlp_decode: two launches for one token, k_mlp_gate_up / k_mlp_down): its matrices in one of the format pairs those kernels are
  * built for (routed experts, shared expert or dense MLP: BF16/BF16, FP8/FP8, MXFP4/MXFP4,

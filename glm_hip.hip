@@ -2125,8 +2125,12 @@ __device__ void bitonic_sort_desc(unsigned long long *a, int n) {
 }
 
 /* Greedy's first half, and the softmax's maximum: each block's best (value, index)
- * over a grid-strided share of the logits, by better(). */
+ * over a grid-strided share of the logits, by better(). Row blockIdx.y of logits [rows][V]
+ * (one row but for k_argmax_rows) into best_v, best_i [rows][gridDim.x]. */
 __global__ void __launch_bounds__(BLOCK) k_sample_best(const float *logits, int V, float *best_v, int *best_i) {
+    logits += (size_t)blockIdx.y * V;
+    best_v += (size_t)blockIdx.y * gridDim.x;
+    best_i += (size_t)blockIdx.y * gridDim.x;
     float v = 0.0f;
     int best = -1;
     for (int i = blockIdx.x * BLOCK + threadIdx.x; i < V; i += gridDim.x * BLOCK)
@@ -2170,6 +2174,19 @@ __global__ void __launch_bounds__(BLOCK) k_sample_softmax(const float *logits, i
         for (int j = 0; j < V; j++) { cdf += prob[j] / sum; if (u < cdf) { pick = j; break; } }
         *out = pick;
     }
+}
+
+/* Greedy's second half for several rows (glm serve's decode batch), one block per row:
+ * the row's nb blocks' bests reduced, as k_sample_softmax reduces them at temperature 0,
+ * into out[row]. Only the token ids cross to the host, not rows x V logits. */
+__global__ void __launch_bounds__(BLOCK) k_argmax_rows(const float *logits, int V, const float *best_v, const int *best_i, int nb, int *out) {
+    const int row = blockIdx.x;
+    float v = 0.0f;
+    int best = -1;
+    if ((int)threadIdx.x < nb) { v = best_v[row * nb + threadIdx.x]; best = best_i[row * nb + threadIdx.x]; }
+    block_best(v, best);
+    if (logits[(size_t)row * V] != logits[(size_t)row * V]) best = 0; /* glm.c argmax: nothing beats a NaN first logit */
+    if (threadIdx.x == 0) out[row] = best;
 }
 
 /* Per bin of the probability's top bits, how many candidates (p >= (1-top_p)/(V-1), as
@@ -2289,6 +2306,19 @@ static void sample_launch(const float *logits, int V, float temperature, float t
         LAUNCHED(k_sample_nucleus, dim3(1), dim3(BLOCK), 0, 0, (const float *)S.prob, V, (const float *)S.sum, top_p, u, (const unsigned *)S.hist,
                  g_sample_start_higher, S.sorted, S.out);
     }
+}
+
+/* The greedy token of each of rows [n][V] into S.out[0..n): k_sample at temperature 0 row
+ * by row under GLM_GPU_KERNELS=plain, else k_sample_best over all rows at once (a grid of
+ * SAMPLE_BLOCKS x n) and k_argmax_rows. */
+static void argmax_rows_launch(const float *logits, int V, int n, const SampleBufs &S) {
+    if (g_plain_kernels) {
+        for (int r = 0; r < n; r++)
+            LAUNCHED(k_sample, dim3(1), dim3(BLOCK), 0, 0, logits + (size_t)r * V, V, 0.0f, 1.0f, 0.0f, S.prob, S.cand, S.P, S.out + r);
+        return;
+    }
+    LAUNCHED(k_sample_best, dim3(SAMPLE_BLOCKS, n), dim3(BLOCK), 0, 0, logits, V, S.best_v, S.best_i);
+    LAUNCHED(k_argmax_rows, dim3(n), dim3(BLOCK), 0, 0, logits, V, (const float *)S.best_v, (const int *)S.best_i, SAMPLE_BLOCKS, S.out);
 }
 
 /* ======================================================================== */
@@ -2614,12 +2644,12 @@ static void take_scratch(GpuModel *g, GDev *D, int last) {
         S->P = P;
         S->prob = (float *)arena_take(A, (size_t)c->vocab_size * F);
         S->cand = (int *)arena_take(A, (size_t)P * sizeof(int));
-        S->best_v = (float *)arena_take(A, SAMPLE_BLOCKS * F);
-        S->best_i = (int *)arena_take(A, SAMPLE_BLOCKS * sizeof(int));
+        S->best_v = (float *)arena_take(A, B * SAMPLE_BLOCKS * F); /* [B][SAMPLE_BLOCKS]: gpu_argmax_rows */
+        S->best_i = (int *)arena_take(A, B * SAMPLE_BLOCKS * sizeof(int));
         S->sum = (float *)arena_take(A, F);
         S->hist = (unsigned *)arena_take(A, 2 * SAMPLE_BINS * sizeof(unsigned));
         S->sorted = (unsigned long long *)arena_take(A, 2 * (size_t)P * sizeof(unsigned long long));
-        S->out = (int *)arena_take(A, sizeof(int));
+        S->out = (int *)arena_take(A, B * sizeof(int));
         if (g->m->mtp) D->eh = (float *)arena_take(A, B * 2 * c->hidden * F);
     }
 }
@@ -3249,7 +3279,7 @@ static void head_rows(GpuModel *g, GDev *D, const float *norm, int start, int B,
 static void head_copy(GpuModel *g, GDev *D, int start, int B, int n, float *logits, int all_logits, float *hidden) {
     const int H = g->c.hidden, V = g->c.vocab_size;
     if (hidden) CHECK(hipMemcpy(hidden + (size_t)start * H, D->a, (size_t)B * H * sizeof(float), hipMemcpyDeviceToHost));
-    if (all_logits) CHECK(hipMemcpy(logits + (size_t)start * V, D->logits, (size_t)B * V * sizeof(float), hipMemcpyDeviceToHost));
+    if (all_logits && logits) CHECK(hipMemcpy(logits + (size_t)start * V, D->logits, (size_t)B * V * sizeof(float), hipMemcpyDeviceToHost));
     else if (start + B == n && logits) CHECK(hipMemcpy(logits, D->logits, (size_t)V * sizeof(float), hipMemcpyDeviceToHost));
 }
 
@@ -3504,6 +3534,18 @@ extern "C" int gpu_sample(GpuModel *g, float temperature, float top_p, float u) 
     return tok;
 }
 
+/* The greedy token of each of the latest forward's n rows of logits (gpu_forward_rows'
+ * rows, or gpu_forward_hidden's last row with n = 1): the pick gpu_sample makes at
+ * temperature 0, row by row, with n ints copied back in place of n x V floats. */
+extern "C" void gpu_argmax_rows(GpuModel *g, int n, int *tokens) {
+    GDev *D = &g->dev[g->n_dev - 1];
+    if (n < 1 || n > g->cap) glm_fatal("gpu_argmax_rows: %d rows (1..%d)", n, g->cap);
+    CHECK(hipSetDevice(D->id));
+    argmax_rows_launch(D->logits, g->c.vocab_size, n, D->samp);
+    CHECK(hipMemcpy(tokens, D->samp.out, (size_t)n * sizeof(int), hipMemcpyDeviceToHost));
+    CHECK(hipGetLastError());
+}
+
 /* ======================================================================== */
 /* 11. entry points for the kernel tests (tests/gpu/kernel_test.c)           */
 /*
@@ -3637,6 +3679,23 @@ extern "C" void gpuk_silu_mul(float *h1, const float *h2, int n) {
     LAUNCHED(k_silu_mul, dim3(blocks_for((size_t)n)), dim3(BLOCK), 0, 0, d1, (const float *)d2, (size_t)n);
     host_copy(h1, d1, (size_t)n * 4);
     dfree(d1); dfree(d2);
+}
+
+/* Each of rows [n][V]'s greedy token into out[n], by the plain or the fast kernels. */
+extern "C" void gpuk_argmax_rows(const float *logits, int V, int n, int *out) {
+    CHECK(hipSetDevice(0));
+    SampleBufs S;
+    S.P = 1;
+    while (S.P < V) S.P <<= 1;
+    float *dl = (float *)dev_copy(logits, (size_t)n * V * 4);
+    S.prob = (float *)dev_copy(NULL, (size_t)V * 4);
+    S.cand = (int *)dev_copy(NULL, (size_t)S.P * 4);
+    S.best_v = (float *)dev_copy(NULL, (size_t)n * SAMPLE_BLOCKS * 4);
+    S.best_i = (int *)dev_copy(NULL, (size_t)n * SAMPLE_BLOCKS * 4);
+    S.out = (int *)dev_copy(NULL, (size_t)n * 4);
+    argmax_rows_launch(dl, V, n, S);
+    host_copy(out, S.out, (size_t)n * 4);
+    dfree(dl); dfree(S.prob); dfree(S.cand); dfree(S.best_v); dfree(S.best_i); dfree(S.out);
 }
 
 /* Samples from logits[V] with the draw u, by the plain or the fast kernels (gpuk_use_plain);

@@ -529,8 +529,10 @@ static int slot_of(const SeqTokens *q) { return (int)((const Slot *)((const char
 /* forward_batch, or with --gpu the GPU path's: the decodes of several sequences (one
  * token each) as one gpu_forward_rows, else each sequence's forward on its cache slot
  * (its cache position is the host's kv.pos, as in session_forward). logits gets what
- * forward_batch writes: every row of a sequence with all_logits, else its last. */
-static void run_batch(const SeqTokens *seq, int n_seq, float *logits) {
+ * forward_batch writes: every row of a sequence with all_logits, else its last; or,
+ * with --gpu and best (greedy decodes, one row each), nothing: best[i] gets row i's
+ * greedy token from the device (gpu_argmax_rows). */
+static void run_batch(const SeqTokens *seq, int n_seq, float *logits, int *best) {
 #ifdef GLM_GPU
     if (g.S.gpu) {
         int one_each = n_seq > 1, slot[GPU_BATCH_MAX], pos[GPU_BATCH_MAX], tok[GPU_BATCH_MAX];
@@ -539,42 +541,49 @@ static void run_batch(const SeqTokens *seq, int n_seq, float *logits) {
             if (one_each) { slot[i] = slot_of(&seq[i]); pos[i] = seq[i].kv->pos; tok[i] = seq[i].tokens[0]; }
         }
         if (one_each) {
-            gpu_forward_rows(g.S.gpu, slot, pos, tok, n_seq, logits);
+            gpu_forward_rows(g.S.gpu, slot, pos, tok, n_seq, best ? NULL : logits);
+            if (best) gpu_argmax_rows(g.S.gpu, n_seq, best);
             for (int i = 0; i < n_seq; i++) seq[i].kv->pos++;
             return;
         }
         for (int i = 0; i < n_seq; i++) {
             gpu_use_slot(g.S.gpu, slot_of(&seq[i]));
-            gpu_forward_hidden(g.S.gpu, seq[i].kv->pos, seq[i].tokens, seq[i].n, logits, seq[i].all_logits, seq[i].hidden);
+            gpu_forward_hidden(g.S.gpu, seq[i].kv->pos, seq[i].tokens, seq[i].n, best ? NULL : logits, seq[i].all_logits, seq[i].hidden);
+            if (best) gpu_argmax_rows(g.S.gpu, 1, best + i);
             seq[i].kv->pos += seq[i].n;
             logits += (size_t)(seq[i].all_logits ? seq[i].n : 1) * g.S.model.cfg.vocab_size;
         }
         return;
     }
 #endif
+    (void)best;
     forward_batch(&g.S.model, &g.S.state, seq, n_seq, logits);
 }
 
 /* The decode batch in groups of at most MATVEC_MAX_TOKENS rows, each group one
  * forward_batch: within it every row computes as a lone token's (a larger batch would
- * switch the products to the prompt's kernels). */
-static void run_decodes(const SeqTokens *seq, int n_seq, float *logits) {
+ * switch the products to the prompt's kernels). best: as run_batch's, for all rows. */
+static void run_decodes(const SeqTokens *seq, int n_seq, float *logits, int *best) {
     const int V = g.S.model.cfg.vocab_size, most = g.S.gpu ? GPU_BATCH_MAX : MATVEC_MAX_TOKENS;
     for (int i = 0; i < n_seq;) {
         int n = 0, rows = 0;
         while (i + n < n_seq && (n == 0 || rows + seq[i + n].n <= most)) rows += seq[i + n++].n;
-        run_batch(seq + i, n, logits);
+        run_batch(seq + i, n, logits, best ? best + i : NULL);
         for (int k = 0; k < n; k++) logits += (size_t)(seq[i + k].all_logits ? seq[i + k].n : 1) * V;
         i += n;
     }
 }
 
-/* Under g.mu: the slot's new tokens (from its row of logits, lg, or with drafts the
- * verify step's accepted ones); the first one after the prompt comes from lg. lse: the
- * row's log Σ exp (log_sum_exp), for the token's log-probability. */
-static void take_sampled(Slot *sl, float *lg, float lse) {
+/* A greedy job's token from its row of logits (argmax), or -1 if the job samples. */
+static int greedy_pick(const Job *j, const float *lg) {
+    return j->temperature > 0 ? -1 : argmax(lg, g.S.model.cfg.vocab_size);
+}
+
+/* Under g.mu: the slot's new token from its row of logits, lg: greedy_pick's `tok`, or
+ * with tok < 0 sampled from lg. lse: the row's log Σ exp (log_sum_exp), for the token's
+ * log-probability. */
+static void take_sampled(Slot *sl, float *lg, float lse, int tok) {
     const int V = g.S.model.cfg.vocab_size;
-    const int tok = sl->job->temperature > 0 ? -1 : argmax(lg, V);
     if (tok < 0) memcpy(g.scratch, lg, (size_t)V * sizeof(float));
     int t = tok >= 0 ? tok : sample(&sl->sp, lg, V);
     if (g.script) t = sl->job->n_gen < g.n_script ? g.script[sl->job->n_gen] : g.S.model.cfg.eos[0];
@@ -618,26 +627,37 @@ static int engine_step(void) {
     }
     if (!n_seq) return 0;
     float *prompt_logits = g.logits + (size_t)rows * V;
+    /* With --gpu, when no decoding row needs its logits on the host (greedy, without
+     * log-probabilities or drafts), only the rows' greedy tokens come back: copying n x V
+     * floats and n argmax passes over them on one core take about as long as a fast GPU's
+     * whole step. */
+    int pick[n_decode + 1], on_device = g.S.gpu && !g.drafts;
+    for (int k = 0; k < n_decode && on_device; k++) on_device = g.slot[who[k]].job->temperature <= 0 && !g.slot[who[k]].job->logprobs;
     if (n_decode) {
-        run_decodes(seq, n_decode, g.logits);
+        run_decodes(seq, n_decode, g.logits, on_device ? pick : NULL);
         g.decode_steps++;
         g.decode_seqs += n_decode;
     }
     if (n_seq > n_decode) {
         Slot *sl = &g.slot[best];
-        run_batch(seq + n_decode, 1, prompt_logits);
+        run_batch(seq + n_decode, 1, prompt_logits, NULL);
         sl->n_fed += seq[n_decode].n;
         if (g.S.gpu) gpu_keep_chunk(sl, seq[n_decode].n, sl->n_fed);
         if (g.drafts) prompt_chunk_mtp(sl, seq[n_decode].n, sl->n_fed);
     }
-    /* the log Σ exp of each decoding row whose request wants log-probabilities, on all
-     * threads, before sample() turns a row into probabilities: 155k exponentials a row
-     * (~2 ms, a few % of an 8-sequence step on two cores) */
+    /* each decoding row's greedy token and, if its request wants log-probabilities, its
+     * log Σ exp, on all threads, before sample() turns a row into probabilities: 155k
+     * exponentials a row (~2 ms, a few % of an 8-sequence step on two cores) */
     float lse[n_decode + 1];
-    if (!g.drafts) {
+    if (!g.drafts && !on_device) {
 #pragma omp parallel for schedule(dynamic, 1)
-        for (int k = 0; k < n_decode; k++) lse[k] = g.slot[who[k]].job->logprobs ? log_sum_exp(g.logits + (size_t)k * V, V) : NAN;
-    }
+        for (int k = 0; k < n_decode; k++) {
+            const Job *j = g.slot[who[k]].job;
+            pick[k] = greedy_pick(j, g.logits + (size_t)k * V);
+            lse[k] = j->logprobs ? log_sum_exp(g.logits + (size_t)k * V, V) : NAN;
+        }
+    } else if (on_device)
+        for (int k = 0; k < n_decode; k++) lse[k] = NAN;
     pthread_mutex_lock(&g.mu);
     float *lg = g.logits; /* a decoding slot's rows: 1, or with drafts N + 1 */
     for (int k = 0; k < n_decode; k++) {
@@ -650,13 +670,14 @@ static int engine_step(void) {
             sl->job->accepted += n - 1;
             for (int i = 0; i < n && sl->job; i++) take_token(sl, out[i], logprob[i]); /* the job may end on any of them */
         } else
-            take_sampled(sl, lg, lse[k]);
+            take_sampled(sl, lg, lse[k], pick[k]);
         lg += (size_t)seq[k].n * V;
     }
     if (n_seq > n_decode) {
         Slot *sl = &g.slot[best];
         offer_blocks(sl);
-        if (sl->n_fed == sl->job->n_prompt) take_sampled(sl, prompt_logits, sl->job->logprobs ? log_sum_exp(prompt_logits, V) : NAN);
+        if (sl->n_fed == sl->job->n_prompt)
+            take_sampled(sl, prompt_logits, sl->job->logprobs ? log_sum_exp(prompt_logits, V) : NAN, greedy_pick(sl->job, prompt_logits));
     }
     pthread_mutex_unlock(&g.mu);
     return 1;

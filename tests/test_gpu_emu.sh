@@ -292,9 +292,17 @@ if need_tokenizer && "$CPU" synth "$OUT/srv" --tiny --mtp --seed 5 --tokenizer "
             -d "{\"prompt\":[$1],\"max_tokens\":3,\"temperature\":0,\"ignore_eos\":true,\"logprobs\":1}" 2>>"$OUT/serve_gpu.err" |
             $PY -c "import json,sys; j=json.load(sys.stdin); c=j['choices'][0]; print(j['usage']['prompt_tokens_details']['cached_tokens'], repr(c['text'].rstrip(chr(10))), c['logprobs']['token_logprobs'], sep=chr(9))" 2>>"$OUT/serve_gpu.err"
     }
+    greedy() { # prompt: the text of a greedy request without log-probabilities (its tokens come from gpu_argmax_rows)
+        curl -sS --max-time 120 "http://127.0.0.1:$port/v1/completions" -H 'Content-Type: application/json' \
+            -d "{\"prompt\":[$1],\"max_tokens\":3,\"temperature\":0,\"ignore_eos\":true}" 2>>"$OUT/serve_gpu.err" |
+            $PY -c "import json,sys; print(repr(json.load(sys.stdin)['choices'][0]['text'].rstrip(chr(10))))" 2>>"$OUT/serve_gpu.err"
+    }
     start_server "$OUT/serve_gpu_1.log" --parallel 2
     one "$P1" >"$OUT/par1" & c1=$!
     one "$P2" >"$OUT/par2" & c2=$!
+    wait $c1 $c2
+    greedy "$P1" >"$OUT/gpar1" & c1=$!
+    greedy "$P2" >"$OUT/gpar2" & c2=$!
     wait $c1 $c2
     one "$A" >/dev/null; reuse=$(one "$B")
     alone1=$(one "$P1"); alone2=$(one "$P2")
@@ -304,6 +312,9 @@ if need_tokenizer && "$CPU" synth "$OUT/srv" --tiny --mtp --seed 5 --tokenizer "
        $PY -c "import sys; sys.exit(not float('${per:-0}') > 1)"; then
         ok "serve --gpu --parallel 2: two requests decode together ($per sequences per step) with each one's text and log-probabilities alone"
     else bad "serve --gpu --parallel 2" "together '$(cat "$OUT/par1")' / '$(cat "$OUT/par2")', alone '$alone1' / '$alone2', $per per step ($(tail -n 2 "$OUT/serve_gpu_1.log" | tr '\n' ' '))"; fi
+    if [ -n "$alone1" ] && [ "$(cat "$OUT/gpar1")" = "$(echo "$alone1" | cut -f2)" ] && [ "$(cat "$OUT/gpar2")" = "$(echo "$alone2" | cut -f2)" ]; then
+        ok "serve --gpu --parallel 2: two greedy requests without log-probabilities (only the token ids leave the device) get the texts of the requests with them"
+    else bad "serve --gpu greedy on the device" "without log-probabilities '$(cat "$OUT/gpar1")' / '$(cat "$OUT/gpar2")', with them '$alone1' / '$alone2'"; fi
     start_server "$OUT/serve_gpu_2.log" --draft 2
     fresh=$(one "$B")
     kill $spid 2>/dev/null; wait $spid 2>/dev/null

@@ -35,6 +35,7 @@ void gpuk_topk(int *sel, const float *score, int n, int k);
 void gpuk_moe_route(int *idx, float *w, const Config *c, const float *logits, const float *bias, int n);
 void gpuk_silu_mul(float *h1, const float *h2, int n);
 int gpuk_sample(const float *logits, int V, float temperature, float top_p, float u, float *probs);
+void gpuk_argmax_rows(const float *logits, int V, int n, int *out);
 double gpuk_time_gemm(const Mat *W, int n, int iters);
 void gpuk_use_plain(int on);
 void gpuk_gemv_split_min(int chunks);
@@ -613,6 +614,38 @@ static double walk_distance(const float *prob, const int *order, int n, int a, i
     return d;
 }
 
+/* glm serve's greedy decode rows (gpu_argmax_rows): each of n rows' token is glm.c's
+ * argmax of that row, by the plain kernels and the fast ones, for 1..8 rows mixing every
+ * kind of sample_logits (ties, flat rows, NaN first and inside), at a vocabulary smaller
+ * than one sweep of the grid and at GLM-5.2's. */
+static void test_argmax_rows(void) {
+    const int sizes[2] = {300, 154880};
+    for (int si = 0; si < 2; si++) {
+        const int V = sizes[si];
+        float *lg = xmalloc((size_t)8 * V * 4);
+        int bad = 0, total = 0, out[8];
+        char first[160] = "";
+        for (int n = 1; n <= 8; n++) {
+            for (int r = 0; r < n; r++) sample_logits(lg + (size_t)r * V, V, (n + r) % SAMPLE_KINDS);
+            for (int plain = 0; plain < 2; plain++) {
+                gpuk_use_plain(plain);
+                gpuk_argmax_rows(lg, V, n, out);
+                for (int r = 0; r < n; r++, total++) {
+                    const int want = argmax(lg + (size_t)r * V, V);
+                    if (out[r] != want && !bad++)
+                        snprintf(first, sizeof first, "first: %d rows, row %d (%s), %s: %d, argmax %d", n, r, sample_kind_name[(n + r) % SAMPLE_KINDS],
+                                 plain ? "plain" : "fast", out[r], want);
+                }
+            }
+        }
+        gpuk_use_plain(0);
+        char name[96];
+        snprintf(name, sizeof name, "argmax_rows V=%d, 1..8 rows, plain and fast (%d rows)", V, total);
+        report(!bad, name, "%d rows differ from argmax; %s", bad, first);
+        free(lg);
+    }
+}
+
 /* sampling: the fast kernels against k_sample (the same pick, always: the same softmax,
  * compared bit for bit, and the same sequential walks) and against glm.c's sample() with the same draw u. sample()
  * sums the softmax in one sequential pass, the device in 256 strided ones; over 200k
@@ -1119,6 +1152,7 @@ int main(int argc, char **argv) {
         test_moe_route_nan();
         test_silu_mul();
         test_sample();
+        test_argmax_rows();
         test_q_absorb();
         test_mla_attend();
         test_ix_scores();

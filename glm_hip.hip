@@ -581,89 +581,131 @@ __device__ __forceinline__ uint32_t fnuz_from_e2m1(uint32_t n4) {
 }
 #endif
 
-/* Σ_k W(q)[k] · xs[k] for one 16-byte chunk q of one row; xs is the chunk's x, in registers
- * (read from shared memory once for all the rows a wave streams). MXFP4 and FP8 return the
- * sum before the block scale (applied by the caller). */
-template <int FMT> __device__ __forceinline__ float gf_chunk_dot(uint4 q, const float *xs, const float *lut);
+/* A 16-byte chunk of a row is CE values in four 32-bit words, and each word decodes to
+ * CE/8 pairs of values (on AMD a pair is what one decode instruction gives). One token's
+ * sum over the chunk (gf_dot) takes the pairs in order,
+ *   acc += weight pair * the pair of x values it meets,
+ * acc a pair (one packed FMA on AMD, two floats elsewhere), then acc.x + acc.y. MXFP4 and
+ * FP8 decode to the values before the block scale (applied by the caller), on gfx942 to a
+ * power-of-two fraction of them that gf_dot multiplies back. Decoding costs more than the
+ * FMAs: a product of several tokens decodes each chunk once (gf_chunk_decode) and sums
+ * every token over the decoded pairs in the same order as a lone token's gf_chunk_dot, so
+ * each token's sum has the same bits either way. */
 
-template <> __device__ __forceinline__ float gf_chunk_dot<WF_BF16>(uint4 q, const float *xs, const float *) {
-    const uint32_t w[4] = {q.x, q.y, q.z, q.w};
-    float a = 0.0f, b = 0.0f;
-    UNROLL for (int k = 0; k < 4; k++) {
-        a += __uint_as_float(w[k] << 16) * xs[2 * k];
-        b += __uint_as_float(w[k] & 0xffff0000u) * xs[2 * k + 1];
-    }
-    return a + b;
+/* The pairs of one word of a chunk (CE/8 of them). */
+template <int FMT> struct GfWord {
+    f32x2 p[GfFormat<FMT>::CE / 8];
+};
+template <int FMT> __device__ __forceinline__ GfWord<FMT> gf_w_word(uint32_t w, const float *lut);
+
+template <> __device__ __forceinline__ GfWord<WF_BF16> gf_w_word<WF_BF16>(uint32_t w, const float *) {
+    return {{pair(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u))}};
 }
 
-template <> __device__ __forceinline__ float gf_chunk_dot<WF_FP8>(uint4 q, const float *xs, const float *) {
-    const uint32_t w[4] = {q.x, q.y, q.z, q.w};
+/* bytes (0, 1), then (2, 3) */
+template <> __device__ __forceinline__ GfWord<WF_FP8> gf_w_word<WF_FP8>(uint32_t w, const float *) {
 #if defined(GF_HW_CVT)
-    f32x2 acc = pair(0.0f, 0.0f);
-    UNROLL for (int k = 0; k < 4; k++) {
-        acc += __builtin_amdgcn_cvt_pk_f32_fp8((int)w[k], false) * pair(xs[4 * k], xs[4 * k + 1]);
-        acc += __builtin_amdgcn_cvt_pk_f32_fp8((int)w[k], true) * pair(xs[4 * k + 2], xs[4 * k + 3]);
-    }
-    return acc.x + acc.y;
+    return {{__builtin_amdgcn_cvt_pk_f32_fp8((int)w, false), __builtin_amdgcn_cvt_pk_f32_fp8((int)w, true)}};
 #elif defined(GF_FNUZ_CVT)
-    f32x2 acc = pair(0.0f, 0.0f);
-    UNROLL for (int k = 0; k < 4; k++) {
-        const int v = (int)fnuz_no_neg_zero(w[k]);
-        acc += __builtin_amdgcn_cvt_pk_f32_fp8(v, false) * pair(xs[4 * k], xs[4 * k + 1]);
-        acc += __builtin_amdgcn_cvt_pk_f32_fp8(v, true) * pair(xs[4 * k + 2], xs[4 * k + 3]);
-    }
-    if (e4m3_nan_bytes(w[0]) | e4m3_nan_bytes(w[1]) | e4m3_nan_bytes(w[2]) | e4m3_nan_bytes(w[3])) return __uint_as_float(0x7fc00000u);
-    return 2.0f * (acc.x + acc.y); /* exact */
+    const int f = (int)fnuz_no_neg_zero(w);
+    return {{__builtin_amdgcn_cvt_pk_f32_fp8(f, false), __builtin_amdgcn_cvt_pk_f32_fp8(f, true)}};
 #else
-    float a = 0.0f, b = 0.0f;
-    UNROLL for (int k = 0; k < 4; k++) {
-        a += e4m3_bits(w[k]) * xs[4 * k];           b += e4m3_bits(w[k] >> 8) * xs[4 * k + 1];
-        a += e4m3_bits(w[k] >> 16) * xs[4 * k + 2]; b += e4m3_bits(w[k] >> 24) * xs[4 * k + 3];
-    }
-    if (e4m3_nan_bytes(w[0]) | e4m3_nan_bytes(w[1]) | e4m3_nan_bytes(w[2]) | e4m3_nan_bytes(w[3])) return __uint_as_float(0x7fc00000u);
-    return a + b;
+    return {{pair(e4m3_bits(w), e4m3_bits(w >> 8)), pair(e4m3_bits(w >> 16), e4m3_bits(w >> 24))}};
 #endif
 }
 
-template <> __device__ __forceinline__ float gf_chunk_dot<WF_MXFP4>(uint4 q, const float *xs, const float *lut) {
-    const uint32_t w[4] = {q.x, q.y, q.z, q.w};
+/* bytes 0..3, each's low nibble (the lower column) in .x; on gfx942 the even nibbles as
+ * pairs of columns (0, 2), (4, 6), then the odd ones (1, 3), (5, 7) */
+template <> __device__ __forceinline__ GfWord<WF_MXFP4> gf_w_word<WF_MXFP4>(uint32_t w, const float *lut) {
 #if defined(GF_HW_CVT)
-    /* byte_sel picks the byte; the low nibble (the lower column) comes out in .x */
-    f32x2 acc = pair(0.0f, 0.0f);
     (void)lut;
-    UNROLL for (int k = 0; k < 4; k++) {
-        const float *xk = xs + 8 * k;
-        acc += __builtin_amdgcn_cvt_scalef32_pk_f32_fp4(w[k], 1.0f, 0) * pair(xk[0], xk[1]);
-        acc += __builtin_amdgcn_cvt_scalef32_pk_f32_fp4(w[k], 1.0f, 1) * pair(xk[2], xk[3]);
-        acc += __builtin_amdgcn_cvt_scalef32_pk_f32_fp4(w[k], 1.0f, 2) * pair(xk[4], xk[5]);
-        acc += __builtin_amdgcn_cvt_scalef32_pk_f32_fp4(w[k], 1.0f, 3) * pair(xk[6], xk[7]);
-    }
-    return acc.x + acc.y;
+    return {{__builtin_amdgcn_cvt_scalef32_pk_f32_fp4(w, 1.0f, 0), __builtin_amdgcn_cvt_scalef32_pk_f32_fp4(w, 1.0f, 1),
+             __builtin_amdgcn_cvt_scalef32_pk_f32_fp4(w, 1.0f, 2), __builtin_amdgcn_cvt_scalef32_pk_f32_fp4(w, 1.0f, 3)}};
 #elif defined(GF_FNUZ_CVT)
-    /* even nibbles (bytes' low halves: columns 0, 2, 4, 6 of the word) and odd ones */
-    f32x2 acc = pair(0.0f, 0.0f);
     (void)lut;
-    UNROLL for (int k = 0; k < 4; k++) {
-        const int lo = (int)fnuz_from_e2m1(w[k]), hi = (int)fnuz_from_e2m1(w[k] >> 4);
-        const float *xk = xs + 8 * k;
-        acc += __builtin_amdgcn_cvt_pk_f32_fp8(lo, false) * pair(xk[0], xk[2]);
-        acc += __builtin_amdgcn_cvt_pk_f32_fp8(lo, true) * pair(xk[4], xk[6]);
-        acc += __builtin_amdgcn_cvt_pk_f32_fp8(hi, false) * pair(xk[1], xk[3]);
-        acc += __builtin_amdgcn_cvt_pk_f32_fp8(hi, true) * pair(xk[5], xk[7]);
-    }
-    return 128.0f * (acc.x + acc.y); /* 2^7, exact */
+    const int lo = (int)fnuz_from_e2m1(w), hi = (int)fnuz_from_e2m1(w >> 4);
+    return {{__builtin_amdgcn_cvt_pk_f32_fp8(lo, false), __builtin_amdgcn_cvt_pk_f32_fp8(lo, true), __builtin_amdgcn_cvt_pk_f32_fp8(hi, false),
+             __builtin_amdgcn_cvt_pk_f32_fp8(hi, true)}};
 #else
     /* a table lookup per nibble (one shared-memory read, the index from a bit-field
      * extract) costs fewer instructions than placing the bits by shifts and masks (about
      * four, then a multiply); lut is this lane's bank */
-    float a = 0.0f, b = 0.0f;
-    UNROLL for (int k = 0; k < 4; k++)
-        UNROLL for (int i = 0; i < 8; i += 2) {
-            a += lut[32 * ((w[k] >> (4 * i)) & 15)] * xs[8 * k + i];
-            b += lut[32 * ((w[k] >> (4 * i + 4)) & 15)] * xs[8 * k + i + 1];
-        }
-    return a + b;
+    GfWord<WF_MXFP4> d;
+    UNROLL for (int i = 0; i < 4; i++) d.p[i] = pair(lut[32 * ((w >> (8 * i)) & 15)], lut[32 * ((w >> (8 * i + 4)) & 15)]);
+    return d;
 #endif
+}
+
+/* The x values weight pair p of the chunk meets. */
+template <int FMT> __device__ __forceinline__ f32x2 gf_x_pair(const float *xs, int p) {
+#if defined(GF_FNUZ_CVT)
+    if (FMT == WF_MXFP4) {
+        const float *xk = xs + 8 * (p / 4);
+        const int c = (p % 2) * 4 + (p % 4) / 2; /* pairs (0, 2), (4, 6), (1, 3), (5, 7) */
+        return pair(xk[c], xk[c + 2]);
+    }
+#endif
+    return pair(xs[2 * p], xs[2 * p + 1]);
+}
+
+/* Whether the chunk holds an FP8 NaN (S.1111.111) that its decode does not make NaN itself. */
+template <int FMT> __device__ __forceinline__ bool gf_nan(const uint32_t (&w)[4]) {
+#if defined(GF_HW_CVT)
+    (void)w;
+    return false; /* gfx950 decodes OCP E4M3, NaN included */
+#else
+    return FMT == WF_FP8 && (e4m3_nan_bytes(w[0]) | e4m3_nan_bytes(w[1]) | e4m3_nan_bytes(w[2]) | e4m3_nan_bytes(w[3]));
+#endif
+}
+
+/* One token's Σ over the chunk: weight pair p times gf_x_pair(xs, p) for its x chunk xs
+ * (in registers); w_word(k) gives word k's pairs. */
+template <int FMT, class WWord> __device__ __forceinline__ float gf_dot(WWord w_word, bool nan, const float *xs) {
+    enum { PW = GfFormat<FMT>::CE / 8 };
+    f32x2 acc = pair(0.0f, 0.0f);
+    UNROLL for (int k = 0; k < 4; k++) {
+        const GfWord<FMT> wk = w_word(k);
+        UNROLL for (int i = 0; i < PW; i++) {
+            const f32x2 xp = gf_x_pair<FMT>(xs, k * PW + i);
+            if (FMT == WF_BF16) { /* two scalar sums: the same numbers as a packed FMA, fewer scalar registers on gfx950 (k_mlp_down) */
+                acc.x += wk.p[i].x * xp.x;
+                acc.y += wk.p[i].y * xp.y;
+            } else
+                acc += wk.p[i] * xp;
+        }
+    }
+    if (nan) return __uint_as_float(0x7fc00000u);
+#if defined(GF_FNUZ_CVT)
+    if (FMT == WF_FP8) return 2.0f * (acc.x + acc.y);      /* exact */
+    if (FMT == WF_MXFP4) return 128.0f * (acc.x + acc.y);  /* 2^7, exact */
+#endif
+    return acc.x + acc.y;
+}
+
+/* Σ_k W(q)[k] · xs[k] for one 16-byte chunk q of one row and one token, decoding as it goes;
+ * xs is the chunk's x, in registers (read from shared memory once for all the rows a wave
+ * streams). */
+template <int FMT> __device__ __forceinline__ float gf_chunk_dot(uint4 q, const float *xs, const float *lut) {
+    const uint32_t w[4] = {q.x, q.y, q.z, q.w};
+    /* (w captured by value: by reference, clang keeps w in memory longer and schedules
+     * gfx950's expert gate/up with 15 more VGPRs, one wave fewer per SIMD) */
+    return gf_dot<FMT>([=](int k) { return gf_w_word<FMT>(w[k], lut); }, gf_nan<FMT>(w), xs);
+}
+
+/* A chunk decoded once for several tokens' gf_dot. */
+template <int FMT> struct GfChunk {
+    GfWord<FMT> word[4];
+    bool nan;
+};
+template <int FMT> __device__ __forceinline__ GfChunk<FMT> gf_chunk_decode(uint4 q, const float *lut) {
+    const uint32_t w[4] = {q.x, q.y, q.z, q.w};
+    GfChunk<FMT> d;
+    UNROLL for (int k = 0; k < 4; k++) d.word[k] = gf_w_word<FMT>(w[k], lut);
+    d.nan = gf_nan<FMT>(w);
+    return d;
+}
+template <int FMT> __device__ __forceinline__ float gf_chunk_dot_decoded(const GfChunk<FMT> &d, const float *xs) {
+    return gf_dot<FMT>([&](int k) { return d.word[k]; }, d.nan, xs);
 }
 
 /* The block scale of chunk c of row r, as loaded (its bits) and as a value (1 for BF16): the
@@ -748,10 +790,13 @@ __device__ __forceinline__ void gemv_fast_sums(const DMat &W, const float *x, co
             }
             float sc[GF_RPW];
             UNROLL for (int j = 0; j < GF_RPW; j++) sc[j] = gf_scale<FMT>(sb[j]);
-            /* one token: its x chunk in registers for all the rows; several: read again per
-             * row, since all their chunks at once would not fit in registers (the weights'
-             * cost is shared by the tokens then) */
-            UNROLL for (int j = 0; j < (NT == 1 ? 1 : GF_RPW); j++)
+            /* one token: its x chunk in registers for all the rows; several: each row's
+             * chunk decoded once for all of them (decoding costs more than the FMAs), then
+             * each token's x chunk read again per row, since all their chunks at once would
+             * not fit in registers */
+            UNROLL for (int j = 0; j < (NT == 1 ? 1 : GF_RPW); j++) {
+                GfChunk<FMT> wj;
+                if (NT > 1) wj = gf_chunk_decode<FMT>(q[j], lut);
                 UNROLL for (int t = 0; t < NT; t++) if (NT == 1 || t < n) { /* (NT 1: n is 1) */
                     float xv[CE];
                     const float *xt = xs + (t * PIECE + c) * CS;
@@ -760,8 +805,9 @@ __device__ __forceinline__ void gemv_fast_sums(const DMat &W, const float *x, co
                         xv[k] = v.x; xv[k + 1] = v.y; xv[k + 2] = v.z; xv[k + 3] = v.w;
                     }
                     if (NT == 1) UNROLL for (int i = 0; i < GF_RPW; i++) acc[t][i] += gf_chunk_dot<FMT>(q[i], xv, lut) * sc[i];
-                    else acc[t][j] += gf_chunk_dot<FMT>(q[j], xv, lut) * sc[j];
+                    else acc[t][j] += gf_chunk_dot_decoded<FMT>(wj, xv) * sc[j];
                 }
+            }
             UNROLL for (int j = 0; j < GF_RPW; j++) { q[j] = qn[j]; sb[j] = sbn[j]; }
         }
     }

@@ -419,6 +419,17 @@ static void print_spec(const Model *m, const Machine *M, int pos, int json) {
     if (json) printf("}}");
 }
 
+/* glm serve's decode step of n sequences, one token each, at the same context: the same
+ * bytes and launches as n tokens of one sequence (each row reads its own cache rows and
+ * its own experts), so its cost is r(n - 1) decode steps and the n sequences decode at
+ * n / r(n - 1) times one sequence's tok/s (issue 34's target: 5x for 8). */
+static void print_serve(const Model *m, const Machine *M, int pos, int json) {
+    const StepCost one = step_cost(m, pos, 1), eight = step_cost(m, pos, 8);
+    const double r = step_seconds(&eight, M, total_i(eight.launches, K_N), 1) / step_seconds(&one, M, total_i(one.launches, K_N), 1);
+    if (json) printf(", \"serve_8\": {\"step_cost\": %.4f, \"ratio\": %.3f}", r, 8 / r);
+    else printf("  glm serve, 8 sequences decoding together: a step of %.2f decode steps, %.2fx one sequence's tok/s\n", r, 8 / r);
+}
+
 int plan_main(int argc, char **argv) {
     const char *dir = NULL, *format = "mxfp4", *target = "mi355x";
     int gpus = 1, json = 0, glm52 = 0;
@@ -428,7 +439,8 @@ int plan_main(int argc, char **argv) {
         "                [--node-us U] [--handover-us U] [--json]\n"
         "  A projection, not a measurement: a decoded token's bytes and kernel launches on the GPU path\n"
         "  (glm_hip.hip), class by class, and the decode tok/s they imply at context 1024 and 8192 on a\n"
-        "  named GPU; with the MTP layer, the projected speedup of --draft N; and prefill: a chunk's\n"
+        "  named GPU; glm serve's 8 sequences decoding together against one; with the MTP layer, the\n"
+        "  projected speedup of --draft N; and prefill: a chunk's\n"
         "  arithmetic and bytes, and the seconds of a 2048- and a 20000-token prompt.\n"
         "  -m DIR            a checkpoint: its tensors' own bytes (nothing is read but the headers)\n"
         "  --glm52           GLM-5.2's shapes instead, in a release's formats (--format; default mxfp4 =\n"
@@ -508,6 +520,7 @@ int plan_main(int argc, char **argv) {
         StepCost s = step_cost(&m, ctxs[i], 1);
         print_step(what, &s, &M, 6, c, json, i == 0);
     }
+    print_serve(&m, &M, 1024, json);
     if (m.mtp) print_spec(&m, &M, 1024, json);
     else if (!json) printf("  --draft N: no MTP layer in this checkpoint\n");
     print_prefill(&m, &M, json);

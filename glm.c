@@ -848,7 +848,9 @@ float log_sum_exp(const float *x, int n) {
     return (float)(mx + log(sum));
 }
 
-static const float *g_sort_probs;
+/* qsort's comparator sees only the two indices; the probabilities it orders them by are
+ * this thread's (glm serve samples its sequences' rows on several threads at once) */
+static _Thread_local const float *g_sort_probs;
 static int cmp_prob_desc(const void *a, const void *b) {
     float x = g_sort_probs[*(const int *)a], y = g_sort_probs[*(const int *)b];
     return x < y ? 1 : x > y ? -1 : (*(const int *)a - *(const int *)b);

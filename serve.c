@@ -356,7 +356,7 @@ typedef struct {
     int drafts;               /* MTP drafts per step (--draft, or the backend's default); 0 = none */
     Slot *slot;               /* [parallel] */
     float *logits;            /* [parallel * (drafts + 1)][V] */
-    float *scratch;           /* [V] one row of logits kept while sample() overwrites it */
+    float *scratch;           /* [parallel + 1][V] a sampled row's logits, kept while sample() overwrites the row */
     PrefixCache cache;
     int *script, n_script;    /* GLM_SERVE_SCRIPT (tests): every request "generates" these ids, then end of sequence */
     pthread_mutex_t mu;
@@ -574,20 +574,24 @@ static void run_decodes(const SeqTokens *seq, int n_seq, float *logits, int *bes
     }
 }
 
-/* A greedy job's token from its row of logits (argmax), or -1 if the job samples. */
-static int greedy_pick(const Job *j, const float *lg) {
-    return j->temperature > 0 ? -1 : argmax(lg, g.S.model.cfg.vocab_size);
+/* The slot's next token from its row of logits lg: the argmax, or drawn by the slot's
+ * sampler, which overwrites lg with probabilities (keep [V] gets the logits first, for
+ * the token's log-probability). Touches only the slot's own sampler, so the rows of a
+ * step pick their tokens on all threads at once. */
+static int pick_token(Slot *sl, float *lg, float *keep) {
+    const int V = g.S.model.cfg.vocab_size;
+    if (sl->job->temperature <= 0) return argmax(lg, V);
+    memcpy(keep, lg, (size_t)V * sizeof(float));
+    return sample(&sl->sp, lg, V);
 }
 
-/* Under g.mu: the slot's new token from its row of logits, lg: greedy_pick's `tok`, or
- * with tok < 0 sampled from lg. lse: the row's log Σ exp (log_sum_exp), for the token's
- * log-probability. */
-static void take_sampled(Slot *sl, float *lg, float lse, int tok) {
-    const int V = g.S.model.cfg.vocab_size;
-    if (tok < 0) memcpy(g.scratch, lg, (size_t)V * sizeof(float));
-    int t = tok >= 0 ? tok : sample(&sl->sp, lg, V);
-    if (g.script) t = sl->job->n_gen < g.n_script ? g.script[sl->job->n_gen] : g.S.model.cfg.eos[0];
-    take_token(sl, t, sl->job->logprobs ? (tok >= 0 ? lg[t] : g.scratch[t]) - lse : NAN); /* greedy: lg is untouched */
+/* Under g.mu: the slot takes token tok (pick_token's from its row lg and keep; lg may be
+ * NULL when the request wants no log-probabilities). lse: the row's log Σ exp
+ * (log_sum_exp), for the token's log-probability. */
+static void take_sampled(Slot *sl, const float *lg, const float *keep, float lse, int tok) {
+    const Job *j = sl->job;
+    const int t = g.script ? (j->n_gen < g.n_script ? g.script[j->n_gen] : g.S.model.cfg.eos[0]) : tok;
+    take_token(sl, t, j->logprobs ? (j->temperature > 0 ? keep[t] : lg[t]) - lse : NAN);
 }
 
 /* One step: every decoding slot's next token (with --draft: its drafts, verified) as one
@@ -645,16 +649,18 @@ static int engine_step(void) {
         if (g.S.gpu) gpu_keep_chunk(sl, seq[n_decode].n, sl->n_fed);
         if (g.drafts) prompt_chunk_mtp(sl, seq[n_decode].n, sl->n_fed);
     }
-    /* each decoding row's greedy token and, if its request wants log-probabilities, its
-     * log Σ exp, on all threads, before sample() turns a row into probabilities: 155k
-     * exponentials a row (~2 ms, a few % of an 8-sequence step on two cores) */
+    /* each decoding row's token and, if its request wants log-probabilities, its log Σ exp
+     * (before sample() turns the row into probabilities), on all threads: a row's log Σ exp
+     * is 155k exponentials (~2 ms), and a draw over the flat logits of a random checkpoint
+     * sorts most of the vocabulary (~40 ms; ~2 ms over a trained model's) */
     float lse[n_decode + 1];
     if (!g.drafts && !on_device) {
 #pragma omp parallel for schedule(dynamic, 1)
         for (int k = 0; k < n_decode; k++) {
-            const Job *j = g.slot[who[k]].job;
-            pick[k] = greedy_pick(j, g.logits + (size_t)k * V);
-            lse[k] = j->logprobs ? log_sum_exp(g.logits + (size_t)k * V, V) : NAN;
+            Slot *sl = &g.slot[who[k]];
+            float *lg = g.logits + (size_t)k * V;
+            lse[k] = sl->job->logprobs ? log_sum_exp(lg, V) : NAN;
+            pick[k] = pick_token(sl, lg, g.scratch + (size_t)k * V);
         }
     } else if (on_device)
         for (int k = 0; k < n_decode; k++) lse[k] = NAN;
@@ -670,14 +676,16 @@ static int engine_step(void) {
             sl->job->accepted += n - 1;
             for (int i = 0; i < n && sl->job; i++) take_token(sl, out[i], logprob[i]); /* the job may end on any of them */
         } else
-            take_sampled(sl, lg, lse[k], pick[k]);
+            take_sampled(sl, on_device ? NULL : lg, g.scratch + (size_t)k * V, lse[k], pick[k]);
         lg += (size_t)seq[k].n * V;
     }
     if (n_seq > n_decode) {
         Slot *sl = &g.slot[best];
         offer_blocks(sl);
-        if (sl->n_fed == sl->job->n_prompt)
-            take_sampled(sl, prompt_logits, sl->job->logprobs ? log_sum_exp(prompt_logits, V) : NAN, greedy_pick(sl->job, prompt_logits));
+        if (sl->n_fed == sl->job->n_prompt) {
+            float *keep = g.scratch + (size_t)g.args.parallel * V, lse_p = sl->job->logprobs ? log_sum_exp(prompt_logits, V) : NAN;
+            take_sampled(sl, prompt_logits, keep, lse_p, pick_token(sl, prompt_logits, keep));
+        }
     }
     pthread_mutex_unlock(&g.mu);
     return 1;
@@ -1470,7 +1478,7 @@ static void serve_start(ServeArgs *a) {
         g.slot[i].gpu_tokens = xmalloc((size_t)a->ctx * sizeof(int));
         if (g.drafts) g.slot[i].gpu_ends_h = xmalloc(((size_t)a->ctx / a->chunk + 1) * c->hidden * sizeof(float));
     }
-    g.scratch = xmalloc((size_t)c->vocab_size * sizeof(float));
+    g.scratch = xmalloc(((size_t)a->parallel + 1) * c->vocab_size * sizeof(float));
     cache_init(&g.cache, &g.S.model, (size_t)(a->cache_mb * 1048576.0), g.drafts > 0);
     pthread_mutex_init(&g.mu, NULL);
     pthread_cond_init(&g.wake, NULL);

@@ -15,7 +15,8 @@
 #   (400), a full queue (503); Expect: 100-continue is answered at once;
 # - tool calls (GLM_SERVE_SCRIPT: scripted output): reasoning_content, content and tool_calls
 #   whole and streamed, finish_reason "tool_calls"; no tools requested or thinking off: text;
-#   a stop string inside the reasoning;
+#   a stop string inside the reasoning; sampled tokens' log-probabilities (two requests drawn
+#   in the same steps) as log_softmax of glm logits;
 # - batch invariance: with fp32 products, 8 prompts sharing 300 ids give the same tokens and
 #   bit-identical log-probabilities alone and together (SAN=1: 2 prompts of 8 tokens; plain C kernels, GLM_KERNELS=c: alone
 #   first, then together, then again from the prefix cache; the default kernels: together
@@ -222,6 +223,7 @@ ANSWER2="Hello<tool_call> world"
 SCRIPT2=$($GLM tokenize -m "$out/m" "</think>$ANSWER2" | tr ' ' ,)
 if [ -n "$SCRIPT2" ] && start script2 "GLM_SERVE_SCRIPT=$SCRIPT2" -- --parallel 2; then
     py script2 "$URL" "$ANSWER2"
+    py sampled_logprobs "$URL" "$GLM" "$out/m" "$SCRIPT2"
 fi
 # prefix-cache hits with --chunk 24 (not a multiple of the 16-token blocks) against no cache
 if [ -n "${MAIN_URL:-}" ] && start nocache24 -- --fp32 --parallel 8 --chunk 24 --cache-mb 0; then

@@ -36,6 +36,8 @@ standard library: http.client, socket, threading. The groups and what they need:
                                     (GLM_DRAFT_ORACLE): WANT's text, every draft accepted (its LOG)
     load URL PID GLM N C            a glm loadgen warm-up, then N requests from C clients; RSS and
                                     descriptors after them
+    sampled_logprobs URL GLM MODEL SCRIPT  a server scripted to write SCRIPT's ids: two requests at
+                                    temperature 1 together; their logprobs as log_softmax of glm logits
 """
 import http.client
 import json
@@ -1274,10 +1276,39 @@ def g_script2(url, answer):
     ok(error_ok(st, j, 400, "stop") == "", "stop_string_with_nul_400", error_ok(st, j, 400, "stop"))
 
 
+def g_sampled_logprobs(url, glm, model, script):
+    """A sampled token's log-probability is log_softmax of the model's logits at it: on a
+    server scripted to write SCRIPT's ids (GLM_SERVE_SCRIPT: drawn, then replaced), two
+    requests at temperature 1 decoding in the same steps (each row's draw keeps its own copy
+    of its logits) against glm logits' rows for their prompts and those ids."""
+    s = Server(url)
+    want_ids = [int(x) for x in script.split(",")]
+    prompts = [ids(90000, 10, 31), ids(90000, 14, 32)]
+    res = concurrently([lambda p=p: s.post("/v1/completions", C(p, max_tokens=len(want_ids), temperature=1, seed=5, logprobs=1))
+                        for p in prompts])
+    why = ""
+    try:
+        import numpy as np
+        for p, (st, j, raw) in zip(prompts, res):
+            got = j["choices"][0]["logprobs"]["token_logprobs"] if st == 200 else None
+            f = os.path.join(os.environ.get("OUT", "/tmp"), "logits_sampled.f32")
+            subprocess.run([glm, "logits", "-m", model, "--ids", ",".join(map(str, p + want_ids[:-1])), "-o", f],
+                           capture_output=True, timeout=3 * TIMEOUT, check=True)
+            rows = np.fromfile(f, dtype=np.float32).reshape(len(p) + len(want_ids) - 1, -1)[len(p) - 1:].astype(np.float64)
+            lse = rows.max(1) + np.log(np.exp(rows - rows.max(1, keepdims=True)).sum(1))
+            want = [float(rows[i, t] - lse[i]) for i, t in enumerate(want_ids)]
+            if not got or len(got) != len(want) or max(abs(a - b) for a, b in zip(got, want)) > 2e-3:
+                why = "prompt of %d ids: serve %r, glm logits %r (HTTP %d)" % (len(p), got, want, st)
+                break
+    except Exception as x:
+        why = "%s: %s" % (type(x).__name__, x)
+    ok(not why, "sampled_logprobs_are_log_softmax_of_glm_logits (2 requests together)", why)
+
+
 GROUPS = {"basic": g_basic, "completions": g_completions, "chat": g_chat, "stream": g_stream, "errors": g_errors,
           "limits": g_limits, "cache": g_cache, "continuation": g_continuation, "nocache": g_nocache, "queue": g_queue, "disconnect": g_disconnect, "drafts": g_drafts, "oracle": g_oracle,
           "sigterm": g_sigterm, "sigint": g_sigint, "invariance": g_invariance, "load": g_load, "tools": g_tools,
-          "cache_chunk": g_cache_chunk, "script2": g_script2}
+          "cache_chunk": g_cache_chunk, "script2": g_script2, "sampled_logprobs": g_sampled_logprobs}
 
 if __name__ == "__main__":
     g = GROUPS.get(sys.argv[1] if len(sys.argv) > 1 else "")

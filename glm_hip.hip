@@ -875,10 +875,11 @@ __device__ __forceinline__ void assume_global(const DMat &W) {
  * is the same with no routed experts and its MLP as the "shared" one). A lone token: two
  * launches, k_mlp_gate_up and k_mlp_down. Several (glm serve's batch, a --draft verify):
  * the shared expert or dense MLP is one product over all the tokens, each of its weights
- * read once for the step as every other product of the step reads them, so its down
- * projection gets a launch of its own (k_mlp_shared_down) and k_mlp_down adds the chosen
- * experts' to it; a routed expert's gate and up run once for all the tokens that chose it,
- * its down projection once per (token, slot) (each token adds its experts in slot order).
+ * read once for the step as every other product of the step reads them, and a routed
+ * expert's gate, up and down projection run once for all the tokens that chose it: the
+ * down projections write each slot's sums (k_mlp_down_grouped) and the last block of a row
+ * range to finish adds them per token in slot order (a dense layer's down projection:
+ * k_mlp_shared_down).
  * Either way a token's sums are those it gets alone, bit for bit (gemv_fast_sums sums each
  * token as its one-token product does, and the terms are added in the same order).
  *
@@ -926,8 +927,8 @@ __global__ void __launch_bounds__(BLOCK) k_mlp_gate_up(const DMat *gate_t, const
     }
 }
 
-/* Part 2 of several tokens, first: the shared expert's (or dense MLP's) down projection of
- * SiLU(h1) * h2 for all n <= NT tokens, into y [n][H]. */
+/* Part 2 of several tokens in a dense layer: its down projection of SiLU(h1) * h2 (the
+ * "shared" rows, s = A = 0) for all n <= NT tokens, into y [n][H]. */
 template <int SF, int NT>
 __global__ void __launch_bounds__(BLOCK) k_mlp_shared_down(DMat sh_down, int A, int S, const float *h1, const float *h2, int FI, float *y, int H, int n) {
     const int i0 = blockIdx.x * GF_BLOCK_ROWS + wave_uniform(threadIdx.x / WAVE) * GF_RPW;
@@ -939,34 +940,93 @@ __global__ void __launch_bounds__(BLOCK) k_mlp_shared_down(DMat sh_down, int A, 
             if (t < n && i0 + j < H) y[(size_t)t * H + i0 + j] = o[t][j];
 }
 
-/* Part 2, for token t = blockIdx.y and the block's rows of y: each chosen expert's down
- * projection of SiLU(h1) * h2, weighted by w and added in slot (= expert index) order,
- * then the shared expert's (unscaled, pitfall 8), or with shared_in_y the sums
- * k_mlp_shared_down has put in y already; the sum is written once,
- * so the combine needs no launch and no atomics. y [n][H] (the MLP's output, D->out).
- * glm.c adds the shared expert first: taking it last here, where several tokens' comes
- * from memory, keeps that read after the loop, whose scalar registers are all in use. */
+/* Part 2 of several tokens with routed experts, one launch: block row y < n * A is slot
+ * y = t * A + s (token t's s-th chosen expert e, format EF); the block of the first token
+ * to choose e runs e's down projection of SiLU(h1) * h2 for every slot that chose it, each
+ * of its weights read once for the step, into that slot's row of slot_y [n * A + n][H];
+ * the other such blocks have nothing to compute. With a shared expert (S = A + 1), block
+ * row n * A runs its down projection (SF) for all n tokens, into slot_y's rows n * A + t.
+ * The last block of a row range to arrive (a counter per row range, left at 0 again) adds
+ * each token's terms as k_mlp_down does (the chosen experts weighted, in slot order, then
+ * the shared expert) and writes y [n][H] once. */
+template <int EF, int SF, int NT>
+__global__ void __launch_bounds__(BLOCK) k_mlp_down_grouped(const DMat *down_t, DMat sh_down, const int *idx, const float *w, int A, int S, const float *h1,
+                                                            const float *h2, int FI, float *slot_y, float *y, int H, int n, unsigned *count) {
+    const int routed = n * A, i0 = blockIdx.x * GF_BLOCK_ROWS + wave_uniform(threadIdx.x / WAVE) * GF_RPW;
+    __shared__ int rows[NT], dst[NT], m; /* the slots' rows of h1/h2 and of slot_y */
+    __shared__ unsigned arrived;
+    float o[NT][GF_RPW];
+    if ((int)blockIdx.y < routed) {
+        const int ts = blockIdx.y, e = idx[ts];
+        bool first = true;
+        for (int p = 0; p < ts / A * A; p++) first = first && idx[p] != e;
+        if (first) {
+            if (threadIdx.x == 0) {
+                m = 0;
+                for (int p = ts; p < routed; p++)
+                    if (idx[p] == e) { rows[m] = p / A * S + p % A; dst[m] = p; m++; }
+            }
+            __syncthreads();
+            const DMat W = down_t[e];
+            assume_global(W);
+            gemv_fast_sums<EF, NT, true>(W, h1, h2, FI, 0, H, m, 0, W.cols / GfFormat<EF>::CE, i0, o, rows);
+            if (threadIdx.x % WAVE == 0)
+                UNROLL for (int u = 0; u < NT; u++) UNROLL for (int j = 0; j < GF_RPW; j++)
+                    if (u < m && i0 + j < H) slot_y[(size_t)dst[u] * H + i0 + j] = o[u][j];
+        }
+    } else {
+        const size_t at = (size_t)A * FI; /* token t's row: (t * S + A) * FI */
+        gemv_fast_sums<SF, NT, true>(sh_down, h1 + at, h2 + at, S * FI, 0, H, n, 0, sh_down.cols / GfFormat<SF>::CE, i0, o);
+        if (threadIdx.x % WAVE == 0)
+            UNROLL for (int t = 0; t < NT; t++) UNROLL for (int j = 0; j < GF_RPW; j++)
+                if (t < n && i0 + j < H) slot_y[(size_t)(routed + t) * H + i0 + j] = o[t][j];
+    }
+    __threadfence(); /* this block's sums are visible before the count says so */
+    __syncthreads();
+    if (threadIdx.x == 0) arrived = atomicAdd(&count[blockIdx.x], 1u);
+    __syncthreads();
+    if (arrived != gridDim.y - 1) return;
+    __threadfence(); /* ... and read after it */
+    const volatile float *sy = slot_y;
+    const int i_lo = blockIdx.x * GF_BLOCK_ROWS, i_n = H - i_lo < GF_BLOCK_ROWS ? H - i_lo : GF_BLOCK_ROWS;
+    for (int q = threadIdx.x; q < n * i_n; q += blockDim.x) {
+        const int t = q / i_n, i = i_lo + q % i_n;
+        float acc = 0.0f;
+        for (int k = 0; k < A; k++) {
+            const float wk = w[t * A + k], ok = sy[(size_t)(t * A + k) * H + i];
+            acc = k == 0 ? wk * ok : acc + wk * ok;
+        }
+        y[(size_t)t * H + i] = S > A ? acc + sy[(size_t)(routed + t) * H + i] : acc;
+    }
+    if (threadIdx.x == 0) count[blockIdx.x] = 0;
+}
+
+/* Part 2 of a lone token, for the block's rows of y: each chosen expert's down projection
+ * of SiLU(h1) * h2, weighted by w and added in slot (= expert index) order, then the
+ * shared expert's (unscaled, pitfall 8), as k_mlp_down_grouped adds them; the sum is
+ * written once, so the combine needs no launch and no atomics. y [H] (the MLP's output,
+ * D->out). glm.c adds the shared expert first: taking it last keeps its product after the
+ * routed ones here and in k_mlp_down_grouped, where it is a block of its own. */
 template <int EF, int SF>
 __global__ void __launch_bounds__(BLOCK) k_mlp_down(const DMat *down_t, DMat sh_down, const int *idx, const float *w, int A, int S, const float *h1,
-                                                    const float *h2, int FI, float *y, int H, int shared_in_y) {
-    const int t = blockIdx.y, i0 = blockIdx.x * GF_BLOCK_ROWS + wave_uniform(threadIdx.x / WAVE) * GF_RPW;
+                                                    const float *h2, int FI, float *y, int H) {
+    const int i0 = blockIdx.x * GF_BLOCK_ROWS + wave_uniform(threadIdx.x / WAVE) * GF_RPW;
     float acc[GF_RPW], o[1][GF_RPW];
     UNROLL for (int j = 0; j < GF_RPW; j++) acc[j] = 0.0f;
     /* slot k < A: the chosen experts; k = A: the shared one. One call site per format
      * keeps one copy of the product's loop. */
-    const int terms = A + (S > A && !shared_in_y ? 1 : 0);
-    for (int k = 0; k < terms; k++) {
-        const DMat W = k == A ? sh_down : down_t[idx[t * A + k]];
+    for (int k = 0; k < S; k++) {
+        const DMat W = k == A ? sh_down : down_t[idx[k]];
         if (k < A) assume_global(W);
-        const size_t at = ((size_t)t * S + k) * FI;
+        const size_t at = (size_t)k * FI;
         if (EF == SF || k < A) gemv_fast_sums<EF, 1, true>(W, h1 + at, h2 + at, 0, 0, H, 1, 0, W.cols / GfFormat<EF>::CE, i0, o);
         else gemv_fast_sums<SF, 1, true>(W, h1 + at, h2 + at, 0, 0, H, 1, 0, W.cols / GfFormat<SF>::CE, i0, o);
-        const float wk = k == A ? 1.0f : w[t * A + k];
+        const float wk = k == A ? 1.0f : w[k];
         UNROLL for (int j = 0; j < GF_RPW; j++) acc[j] = k == 0 ? wk * o[0][j] : acc[j] + wk * o[0][j];
     }
     if (threadIdx.x % WAVE == 0)
         UNROLL for (int j = 0; j < GF_RPW; j++)
-            if (i0 + j < H) y[(size_t)t * H + i0 + j] = shared_in_y ? acc[j] + y[(size_t)t * H + i0 + j] : acc[j];
+            if (i0 + j < H) y[i0 + j] = acc[j];
 }
 
 /* The routed experts (decode): block row y is one (token, slot) pair, as k_gemv_experts.
@@ -3165,37 +3225,47 @@ static void attention(GpuModel *g, GDev *D, const GLayer *L, int B, const GSpan 
     matmul(D->out, D->o_heads, L->o, B);
 }
 
-/* A decode step's MLP for n tokens (k_mlp_gate_up, then for several tokens
- * k_mlp_shared_down, then k_mlp_down where there are routed experts): A routed experts per
- * token from the tables (idx, w: k_moe_route's) and S - A (0 or 1) shared / dense MLP
- * (sg, su, sd) of FI rows; y [n][H]. ef, sf: the formats (glm.h gpu_mlp_fused). */
+/* A decode step's MLP for n tokens: k_mlp_gate_up, then the down projections (one token:
+ * k_mlp_down; several: k_mlp_down_grouped where there are routed experts, else
+ * k_mlp_shared_down). A routed experts per token from the tables (idx, w: k_moe_route's)
+ * and S - A (0 or 1) shared / dense MLP (sg, su, sd) of FI rows; y [n][H]; slot_y
+ * [n * (A + 1)][H] scratch (several tokens). ef, sf: the formats (glm.h gpu_mlp_fused). */
 static void mlp_decode(int ef, int sf, const DMat *gate_t, const DMat *up_t, const DMat *down_t, const DMat &sg, const DMat &su, const DMat &sd,
-                       const int *idx, const float *w, int A, int S, const float *x, int ldx, float *h1, float *h2, int FI, float *y, int H, int n) {
+                       const int *idx, const float *w, int A, int S, const float *x, int ldx, float *h1, float *h2, int FI, float *y, int H, int n,
+                       float *slot_y) {
     typedef void GateUp(const DMat *, const DMat *, DMat, DMat, const int *, int, int, const float *, int, float *, float *, int, int);
     typedef void SharedDown(DMat, int, int, const float *, const float *, int, float *, int, int);
-    typedef void Down(const DMat *, DMat, const int *, const float *, int, int, const float *, const float *, int, float *, int, int);
+    typedef void Down(const DMat *, DMat, const int *, const float *, int, int, const float *, const float *, int, float *, int);
+    typedef void DownGrouped(const DMat *, DMat, const int *, const float *, int, int, const float *, const float *, int, float *, float *, int, int,
+                             unsigned *);
     GateUp *ku = NULL;
     SharedDown *ks = NULL;
     Down *kd = NULL;
-    const bool one = n == 1, shared_apart = !one && S > A; /* one token: the one-token products, the shared expert's down in k_mlp_down */
+    DownGrouped *kg = NULL;
 #define MLP_FORMATS(E, F)                                                                                             \
     if (ef == E && sf == F) {                                                                                          \
-        ku = one ? k_mlp_gate_up<E, F, 1> : k_mlp_gate_up<E, F, GEMV_MAXN>;                                            \
+        ku = n == 1 ? k_mlp_gate_up<E, F, 1> : k_mlp_gate_up<E, F, GEMV_MAXN>;                                         \
         ks = k_mlp_shared_down<F, GEMV_MAXN>;                                                                          \
         kd = k_mlp_down<E, F>;                                                                                         \
+        kg = k_mlp_down_grouped<E, F, GEMV_MAXN>;                                                                      \
     }
     MLP_FORMATS(WF_BF16, WF_BF16) MLP_FORMATS(WF_FP8, WF_FP8) MLP_FORMATS(WF_MXFP4, WF_MXFP4) MLP_FORMATS(WF_FP8, WF_BF16) MLP_FORMATS(WF_MXFP4, WF_BF16)
 #undef MLP_FORMATS
     if (!ku) glm_fatal("GPU: no fused MLP for formats %d/%d", ef, sf);
     if (n > GEMV_MAXN) glm_fatal("mlp_decode: %d tokens (1..%d)", n, GEMV_MAXN);
-    const int shared_rows = S > A ? 2 : 0;
-    LAUNCHED(ku, dim3((FI + GF_BLOCK_ROWS - 1) / GF_BLOCK_ROWS, n * A * 2 + shared_rows), dim3(BLOCK), 0, 0, gate_t, up_t, sg, su, idx, A, S, x, ldx, h1,
-             h2, FI, n);
-    if (shared_apart)
-        LAUNCHED(ks, dim3((H + GF_BLOCK_ROWS - 1) / GF_BLOCK_ROWS), dim3(BLOCK), 0, 0, sd, A, S, (const float *)h1, (const float *)h2, FI, y, H, n);
-    if (A > 0 || !shared_apart)
-        LAUNCHED(kd, dim3((H + GF_BLOCK_ROWS - 1) / GF_BLOCK_ROWS, n), dim3(BLOCK), 0, 0, down_t, sd, idx, w, A, S, (const float *)h1, (const float *)h2, FI,
-                 y, H, shared_apart);
+    const unsigned row_blocks = (unsigned)((H + GF_BLOCK_ROWS - 1) / GF_BLOCK_ROWS);
+    if (A > 0 && n > 1 && row_blocks > GF_COUNTS) glm_fatal("mlp_decode: %d rows, more than %d row ranges", H, GF_COUNTS * GF_BLOCK_ROWS);
+    LAUNCHED(ku, dim3((FI + GF_BLOCK_ROWS - 1) / GF_BLOCK_ROWS, n * A * 2 + (S > A ? 2 : 0)), dim3(BLOCK), 0, 0, gate_t, up_t, sg, su, idx, A, S, x,
+             ldx, h1, h2, FI, n);
+    if (n == 1)
+        LAUNCHED(kd, dim3(row_blocks), dim3(BLOCK), 0, 0, down_t, sd, idx, w, A, S, (const float *)h1, (const float *)h2, FI, y, H);
+    else if (A > 0) {
+        int dev;
+        CHECK(hipGetDevice(&dev));
+        LAUNCHED(kg, dim3(row_blocks, n * A + (S > A ? 1 : 0)), dim3(BLOCK), 0, 0, down_t, sd, idx, w, A, S, (const float *)h1, (const float *)h2, FI,
+                 slot_y, y, H, n, g_split[dev].count);
+    } else
+        LAUNCHED(ks, dim3(row_blocks), dim3(BLOCK), 0, 0, sd, A, S, (const float *)h1, (const float *)h2, FI, y, H, n);
 }
 
 /* The fused decode MLP (mlp_decode) applies to this layer and step (decode, fast kernels). */
@@ -3229,7 +3299,7 @@ static void moe(GpuModel *g, GDev *D, const GLayer *L, const float *x, float *y,
            c->n_group, c->topk_group, c->norm_topk_prob, c->routed_scale);
     if (mlp_fused_now(L, n)) {
         mlp_decode(L->mlp_ef, L->mlp_sf, L->ex_gate, L->ex_up, L->ex_down, L->sh_gate, L->sh_up, L->sh_down, D->ex_idx, D->ex_w, A,
-                   A + (c->n_shared ? 1 : 0), x, H, D->eh1, D->eh2, FI, y, H, n);
+                   A + (c->n_shared ? 1 : 0), x, H, D->eh1, D->eh2, FI, y, H, n, D->ex_y);
         return;
     }
     const unsigned slots = (unsigned)(n * A);
@@ -3300,7 +3370,8 @@ static void layer_forward(GpuModel *g, GDev *D, const GLayer *L, int dense, int 
     /* the residual add and the MLP's norm in one launch */
     LAUNCHED(k_add_rmsnorm, dim3(B), dim3(BLOCK), 0, 0, D->x, (const float *)D->out, D->a, (const float *)L->post_norm, H, c->rms_eps);
     if (dense && mlp_fused_now(L, B))
-        mlp_decode(L->mlp_ef, L->mlp_sf, NULL, NULL, NULL, L->gate, L->up, L->down, NULL, NULL, 0, 1, D->a, H, D->h1, D->h2, c->dense_inter, D->out, H, B);
+        mlp_decode(L->mlp_ef, L->mlp_sf, NULL, NULL, NULL, L->gate, L->up, L->down, NULL, NULL, 0, 1, D->a, H, D->h1, D->h2, c->dense_inter, D->out, H, B,
+                   NULL);
     else if (dense) swiglu(D, D->out, D->a, L->gate, L->up, L->down, B);
     else moe(g, D, L, D->a, D->out, B);
 }

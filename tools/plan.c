@@ -67,8 +67,8 @@ static double mat(const Mat *W) { return (double)W->bytes; }
  * weights, RoPE, the key, the scores once the context passes index_topk, top-k; the MLP,
  * where its formats allow (glm.h gpu_mlp_fused): gate and up of every expert (the shared
  * one too) in one launch, the down projections with the SiLU and the weighted combine in
- * the next, after the router and the routing (a dense layer: the two alone), and with
- * several tokens (decode > 1) the shared expert's down projection between them; otherwise
+ * the next, after the router and the routing (a dense layer: the two alone; several tokens
+ * (decode > 1) take the same two, k_mlp_down_grouped or k_mlp_shared_down); otherwise
  * dense: gate, up, SiLU, down; MoE: the router, routing, the shared expert's 4, gate, up,
  * SiLU and down of the routed experts, the combine). Kept in step with the code by the
  * emulation's test. */
@@ -88,8 +88,8 @@ static void plan_launches(const Config *c, const Layer *L, int full, int dense, 
         out[K_SMALL] += 3;                  /* rope, key, top-k */
     }
     if (decode && gpu_mlp_fused(c, L, NULL, NULL)) { /* k_mlp_gate_up, k_mlp_down (a MoE layer: + router, routing) */
-        if (dense) out[K_DENSE] += 2; /* several tokens: k_mlp_shared_down instead of k_mlp_down */
-        else { out[K_MOE_SHARED] += 1 + (decode > 1 && c->n_shared); out[K_SMALL] += 1; out[K_EXPERTS] += 2; }
+        if (dense) out[K_DENSE] += 2;
+        else { out[K_MOE_SHARED] += 1; out[K_SMALL] += 1; out[K_EXPERTS] += 2; }
     } else if (!decode && !dense && c->n_shared <= 1) { /* a prefill chunk's grouped experts, the shared one among them */
         out[K_MOE_SHARED] += 1;                 /* router */
         out[K_SMALL] += 4;                      /* routing, k_moe_group, SiLU, combine */
@@ -127,9 +127,9 @@ static StepCost step_cost(const Model *m, int pos, int n_tok) {
             double gate_up = 0, down = 0;
             for (int e = 0; e < c->n_experts; e++) { gate_up += mat(&L->ex_gate[e]) + mat(&L->ex_up[e]); down += mat(&L->ex_down[e]); }
             s.bytes[K_MOE_SHARED] += mat(&L->router) + mat(&L->sh_gate) + mat(&L->sh_up) + mat(&L->sh_down);
-            /* gate and up once per expert the tokens chose, the down projection once per (token,
-             * slot) (glm_hip.hip k_mlp_gate_up, k_mlp_down) */
-            s.bytes[K_EXPERTS] += (distinct * gate_up + (double)n_tok * c->n_active * down) / c->n_experts;
+            /* each expert the tokens chose once for all of them (glm_hip.hip k_mlp_gate_up,
+             * k_mlp_down_grouped) */
+            s.bytes[K_EXPERTS] += distinct * (gate_up + down) / c->n_experts;
         }
         plan_launches(c, L, L->has_indexer, L->dense, pos + n_tok - 1, n_tok <= 8 ? n_tok : 0, s.launches);
     }

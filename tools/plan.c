@@ -419,13 +419,28 @@ static void print_spec(const Model *m, const Machine *M, int pos, int json) {
     if (json) printf("}}");
 }
 
-/* glm serve's decode step of n sequences, one token each, at the same context: the same
- * bytes and launches as n tokens of one sequence (each row reads its own cache rows and
- * its own experts), so its cost is r(n - 1) decode steps and the n sequences decode at
- * n / r(n - 1) times one sequence's tok/s (issue 34's target: 5x for 8). */
+/* The launches one more sequence adds to glm serve's decode step at position pos (each
+ * sequence one token): per layer its RoPE and cache append, a full layer's indexer RoPE,
+ * key, scores (past index_topk) and top-k, and its attention with the combine of its
+ * slices (glm_hip.hip attention(); the products and the MLP take all rows at once). */
+static int sequence_launches(const Model *m, int pos) {
+    const Config *c = &m->cfg;
+    const int n_sel = pos + 1 < c->index_topk ? pos + 1 : c->index_topk;
+    int n = 0;
+    for (int l = 0; l < c->n_layers; l++)
+        n += 1 + (m->layers[l].has_indexer ? 3 + (pos + 1 > c->index_topk) : 0) + 1 + (n_sel > MLA_KEYS);
+    return n;
+}
+
+/* glm serve's decode step of n sequences, one token each, at the same context: the bytes
+ * of n tokens of one sequence (each row reads its own cache rows and its own experts) and
+ * a one-token step's launches plus sequence_launches for each sequence after the first;
+ * the n sequences decode at n / (its cost in decode steps) times one sequence's tok/s
+ * (issue 34's target: 5x for 8). */
 static void print_serve(const Model *m, const Machine *M, int pos, int json) {
     const StepCost one = step_cost(m, pos, 1), eight = step_cost(m, pos, 8);
-    const double r = step_seconds(&eight, M, total_i(eight.launches, K_N), 1) / step_seconds(&one, M, total_i(one.launches, K_N), 1);
+    const int launches = total_i(one.launches, K_N) + 7 * sequence_launches(m, pos);
+    const double r = step_seconds(&eight, M, launches, 1) / step_seconds(&one, M, total_i(one.launches, K_N), 1);
     if (json) printf(", \"serve_8\": {\"step_cost\": %.4f, \"ratio\": %.3f}", r, 8 / r);
     else printf("  glm serve, 8 sequences decoding together: a step of %.2f decode steps, %.2fx one sequence's tok/s\n", r, 8 / r);
 }
@@ -497,8 +512,10 @@ int plan_main(int argc, char **argv) {
     if (json) { /* one-token steps at positions 0..31 (the emulation's test sums them) */
         printf("\"launches_positions_0_31\": [");
         for (int p = 0; p < 32; p++) printf("%s%d", p ? ", " : "", total_i(step_cost(&m, p, 1).launches, K_N));
-        printf("], \"launches_rows_1_8\": ["); /* one step of n = 1..8 tokens from position 0 (a verify pass, serve's batch) */
+        printf("], \"launches_rows_1_8\": ["); /* one step of n = 1..8 tokens of one sequence from position 0 (a verify pass) */
         for (int n = 1; n <= 8; n++) printf("%s%d", n > 1 ? ", " : "", total_i(step_cost(&m, 0, n).launches, K_N));
+        printf("], \"launches_serve_rows_1_8\": ["); /* glm serve's step of n = 1..8 sequences at position 0 */
+        for (int n = 1; n <= 8; n++) printf("%s%d", n > 1 ? ", " : "", total_i(step_cost(&m, 0, 1).launches, K_N) + (n - 1) * sequence_launches(&m, 0));
         printf("], ");
     }
     else {

@@ -1064,6 +1064,28 @@ static int compare_files(const char *ref_path, const char *got_path, int V, doub
 double gpuk_time_gemv(const Mat *W, int iters);
 double gpuk_copy_bandwidth(size_t bytes, int iters);
 
+/* --serve-launches DIR: the kernels glm serve's decode step of n = 1..8 sequences launches
+ * (gpu_forward_rows, each sequence one token at position 0 in its own cache slot), on one
+ * line, for tests/test_gpu_emu.sh to hold against glm plan's launches_serve_rows_1_8. */
+static int serve_launches(const char *dir) {
+    Model m;
+    model_load(&m, dir);
+    GpuModel *g = gpu_load_slots(&m, 1, 64, GPU_BATCH_MAX);
+    float *logits = xmalloc((size_t)GPU_BATCH_MAX * m.cfg.vocab_size * sizeof(float));
+    int slot[GPU_BATCH_MAX], pos[GPU_BATCH_MAX], tok[GPU_BATCH_MAX];
+    for (int n = 1; n <= GPU_BATCH_MAX; n++) {
+        for (int i = 0; i < n; i++) { slot[i] = i; pos[i] = 0; tok[i] = 1 + i; }
+        const long before = gpu_launch_count();
+        gpu_forward_rows(g, slot, pos, tok, n, logits);
+        printf(n > 1 ? " %ld" : "%ld", gpu_launch_count() - before);
+    }
+    printf("\n");
+    free(logits);
+    gpu_free(g);
+    model_free(&m);
+    return 0;
+}
+
 /* --bench [DIR]: device copy bandwidth, the decode matrix-vector product at GLM-5.2's
  * width (MXFP4 and BF16, 6144 inputs, far larger than any cache), and decode steps on
  * the checkpoint in DIR (glm synth). Prints "BENCH key value" lines. */
@@ -1133,6 +1155,7 @@ int main(int argc, char **argv) {
     number_tables_init();
     if (argc == 6 && !strcmp(argv[1], "--compare")) return compare_files(argv[2], argv[3], atoi(argv[4]), atof(argv[5]));
     if (argc >= 2 && !strcmp(argv[1], "--bench")) return bench(argc > 2 ? argv[2] : NULL);
+    if (argc == 3 && !strcmp(argv[1], "--serve-launches")) return serve_launches(argv[2]);
     if (getenv("GPU_KTEST_TOL")) g_tol = atof(getenv("GPU_KTEST_TOL"));
     /* GPU_KTEST_ONLY=conversions: the tests whose kernels decode weights with a GPU's
      * conversion instructions (the products and the blocks with the fast kernels), for the

@@ -1476,17 +1476,14 @@ __global__ void __launch_bounds__(BLOCK) k_rope(float *v, int ld_tok, int nvec, 
         rope_pair(v + (size_t)t * ld_tok + (size_t)(j / half) * stride + off, j % half, cs);
 }
 
-/* glm.c attention(): the token's cache row = [RMSNorm(c) (eps 1e-6), RoPE(k_pe)]. */
-__device__ void kv_append_row(float *latent, const float *ckv, const float *norm_w, int KR, int DR, int pos0, const float *table) {
-    int t = blockIdx.x, AD = KR + DR;
-    const float *src = ckv + (size_t)t * AD;
-    float *row = latent + (size_t)(pos0 + t) * AD;
+/* glm.c attention(): the token's cache row = [RMSNorm(c) (eps 1e-6), RoPE(k_pe)] from its
+ * kv_a output src, with cs its position's cos/sin pairs. */
+__device__ void kv_append_row(float *row, const float *src, const float *norm_w, int KR, int DR, const float *cs) {
     float ss = 0.0f;
     for (int i = threadIdx.x; i < KR; i += blockDim.x) ss += src[i] * src[i];
     ss = block_sum(ss);
     float r = 1.0f / sqrtf(ss / (float)KR + 1e-6f);
     for (int i = threadIdx.x; i < KR; i += blockDim.x) row[i] = norm_w[i] * (src[i] * r);
-    const float *cs = table + (size_t)(pos0 + t) * DR;
     for (int i = threadIdx.x; i < DR / 2; i += blockDim.x) {
         float pair[2] = {src[KR + 2 * i], src[KR + 2 * i + 1]};
         float c = cs[2 * i], s = cs[2 * i + 1];
@@ -1497,14 +1494,33 @@ __device__ void kv_append_row(float *latent, const float *ckv, const float *norm
 
 /* attention()'s RoPE of the query heads and the cache append of the same token, one
  * launch: the two touch different data (q; ckv -> the cache row). */
+__device__ void rope_q_kv_append_row(float *q_row, int nvec, int stride, int off, float *cache_row, const float *ckv_row, const float *norm_w, int KR,
+                                     int DR, const float *cs) {
+    const int half = DR / 2;
+    for (int j = threadIdx.x; j < nvec * half; j += blockDim.x) rope_pair(q_row + (size_t)(j / half) * stride + off, j % half, cs);
+    kv_append_row(cache_row, ckv_row, norm_w, KR, DR, cs);
+}
+
+/* One sequence's n tokens (block t: position pos0 + t), its cache rows in latent. */
 __global__ void __launch_bounds__(BLOCK) k_rope_q_kv_append(float *q, int ld_tok, int nvec, int stride, int off, float *latent, const float *ckv,
                                                             const float *norm_w, int KR, int DR, int pos0, const float *table, const int *pos_dev) {
     if (pos_dev) pos0 = *pos_dev;
-    int t = blockIdx.x, half = DR / 2;
-    const float *cs = table + (size_t)(pos0 + t) * DR;
-    for (int j = threadIdx.x; j < nvec * half; j += blockDim.x)
-        rope_pair(q + (size_t)t * ld_tok + (size_t)(j / half) * stride + off, j % half, cs);
-    kv_append_row(latent, ckv, norm_w, KR, DR, pos0, table);
+    const int t = blockIdx.x, pos = pos0 + t;
+    rope_q_kv_append_row(q + (size_t)t * ld_tok, nvec, stride, off, latent + (size_t)pos * (KR + DR), ckv + (size_t)t * (KR + DR), norm_w, KR, DR,
+                         table + (size_t)pos * DR);
+}
+
+/* The rows of glm serve's decode step, each its sequence's only token: row r at position
+ * rows.pos[r] (a captured step: pos_dev[r]) of the cache rows rows.latent[r]. */
+struct GRows {
+    float *latent[GEMV_MAXN]; /* each row's cache slot in this layer */
+    int pos[GEMV_MAXN];
+};
+__global__ void __launch_bounds__(BLOCK) k_rope_q_kv_append_rows(float *q, int ld_tok, int nvec, int stride, int off, GRows rows, const float *ckv,
+                                                                 const float *norm_w, int KR, int DR, const float *table, const int *pos_dev) {
+    const int r = blockIdx.x, pos = pos_dev ? pos_dev[r] : rows.pos[r];
+    rope_q_kv_append_row(q + (size_t)r * ld_tok, nvec, stride, off, rows.latent[r] + (size_t)pos * (KR + DR), ckv + (size_t)r * (KR + DR), norm_w, KR,
+                         DR, table + (size_t)pos * DR);
 }
 
 
@@ -3214,11 +3230,21 @@ static void attention(GpuModel *g, GDev *D, const GLayer *L, int B, const GSpan 
     rmsnorm(D->cq, D->cq, L->q_a_norm, QR, B, 1e-6f); /* eps 1e-6 for the q/kv latent norms (pitfall 4) */
     matmul(D->q, D->cq, L->q_b, B);
     matmul(D->ckv, D->a, L->kv_a, B);
-    /* q_pe's RoPE and the token's cache row [RMSNorm(c), RoPE(k_pe)] in one launch */
-    for (int i = 0; i < n_sp; i++)
-        LAUNCHED(k_rope_q_kv_append, dim3(sp[i].n), dim3(BLOCK), 0, 0, D->q + (size_t)sp[i].start * NH * (DN + DR), NH * (DN + DR), NH, DN + DR, DN,
-                 slot_latent(g, L, sp[i].slot), (const float *)D->ckv + (size_t)sp[i].start * AD, (const float *)L->kv_a_norm, c->kv_lora_rank, DR,
-                 sp[i].pos, (const float *)D->rope, span_pos_dev(i));
+    /* q_pe's RoPE and the token's cache row [RMSNorm(c), RoPE(k_pe)] in one launch: for
+     * all rows when each sequence has one (glm serve's decode step), else per sequence */
+    bool one_each = n_sp > 1;
+    for (int i = 0; i < n_sp; i++) one_each = one_each && sp[i].n == 1 && sp[i].start == i;
+    if (one_each) {
+        GRows rows;
+        for (int i = 0; i < n_sp; i++) { rows.latent[i] = slot_latent(g, L, sp[i].slot); rows.pos[i] = sp[i].pos; }
+        LAUNCHED(k_rope_q_kv_append_rows, dim3(n_sp), dim3(BLOCK), 0, 0, D->q, NH * (DN + DR), NH, DN + DR, DN, rows, (const float *)D->ckv,
+                 (const float *)L->kv_a_norm, c->kv_lora_rank, DR, (const float *)D->rope, g_pos_dev);
+    } else {
+        for (int i = 0; i < n_sp; i++)
+            LAUNCHED(k_rope_q_kv_append, dim3(sp[i].n), dim3(BLOCK), 0, 0, D->q + (size_t)sp[i].start * NH * (DN + DR), NH * (DN + DR), NH, DN + DR,
+                     DN, slot_latent(g, L, sp[i].slot), (const float *)D->ckv + (size_t)sp[i].start * AD, (const float *)L->kv_a_norm,
+                     c->kv_lora_rank, DR, sp[i].pos, (const float *)D->rope, span_pos_dev(i));
+    }
     if (L->has_indexer) indexer_select(g, D, L, B, sp, n_sp);
     /* a shared layer keeps D->sel from the last full layer (IndexShare, §3.6) */
     mla_attend_absorbed(g, D, L, B, sp, n_sp);

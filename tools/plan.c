@@ -420,15 +420,15 @@ static void print_spec(const Model *m, const Machine *M, int pos, int json) {
 }
 
 /* The launches one more sequence adds to glm serve's decode step at position pos (each
- * sequence one token): per layer its RoPE and cache append, a full layer's indexer RoPE,
- * key, scores (past index_topk) and top-k, and its attention with the combine of its
- * slices (glm_hip.hip attention(); the products and the MLP take all rows at once). */
+ * sequence one token): per layer a full layer's indexer RoPE, key, scores (past
+ * index_topk) and top-k, and its attention with the combine of its slices (glm_hip.hip
+ * attention(); the products, the RoPE and cache append, and the MLP take all rows at once). */
 static int sequence_launches(const Model *m, int pos) {
     const Config *c = &m->cfg;
     const int n_sel = pos + 1 < c->index_topk ? pos + 1 : c->index_topk;
     int n = 0;
     for (int l = 0; l < c->n_layers; l++)
-        n += 1 + (m->layers[l].has_indexer ? 3 + (pos + 1 > c->index_topk) : 0) + 1 + (n_sel > MLA_KEYS);
+        n += (m->layers[l].has_indexer ? 3 + (pos + 1 > c->index_topk) : 0) + 1 + (n_sel > MLA_KEYS);
     return n;
 }
 

@@ -1511,15 +1511,15 @@ __global__ void __launch_bounds__(BLOCK) k_rope_q_kv_append(float *q, int ld_tok
 }
 
 /* The rows of glm serve's decode step, each its sequence's only token: row r at position
- * rows.pos[r] (a captured step: pos_dev[r]) of the cache rows rows.latent[r]. */
+ * rows.pos[r] (a captured step: pos_dev[r]) of the cache rows rows.cache[r]. */
 struct GRows {
-    float *latent[GEMV_MAXN]; /* each row's cache slot in this layer */
+    float *cache[GEMV_MAXN]; /* each row's cache slot in this layer: latent rows, or the indexer's keys */
     int pos[GEMV_MAXN];
 };
 __global__ void __launch_bounds__(BLOCK) k_rope_q_kv_append_rows(float *q, int ld_tok, int nvec, int stride, int off, GRows rows, const float *ckv,
                                                                  const float *norm_w, int KR, int DR, const float *table, const int *pos_dev) {
     const int r = blockIdx.x, pos = pos_dev ? pos_dev[r] : rows.pos[r];
-    rope_q_kv_append_row(q + (size_t)r * ld_tok, nvec, stride, off, rows.latent[r] + (size_t)pos * (KR + DR), ckv + (size_t)r * (KR + DR), norm_w, KR,
+    rope_q_kv_append_row(q + (size_t)r * ld_tok, nvec, stride, off, rows.cache[r] + (size_t)pos * (KR + DR), ckv + (size_t)r * (KR + DR), norm_w, KR,
                          DR, table + (size_t)pos * DR);
 }
 
@@ -1556,12 +1556,7 @@ __global__ void __launch_bounds__(BLOCK) k_add_rmsnorm(float *x, const float *y,
 
 /* The token's indexer key: LayerNorm with bias (eps 1e-6), then RoPE on the first
  * DR dims, written straight into the indexer-key cache. */
-__global__ void __launch_bounds__(BLOCK) k_ix_key(float *cache, const float *ix_k, const float *w, const float *b, int ID, int DR, int pos0, const float *table,
-                                                  const int *pos_dev) {
-    if (pos_dev) pos0 = *pos_dev;
-    int t = blockIdx.x;
-    const float *x = ix_k + (size_t)t * ID;
-    float *k = cache + (size_t)(pos0 + t) * ID;
+__device__ void ix_key_row(float *k, const float *x, const float *w, const float *b, int ID, int DR, const float *cs) {
     float s = 0.0f;
     for (int i = threadIdx.x; i < ID; i += blockDim.x) s += x[i];
     float mean = block_sum(s) / (float)ID;
@@ -1570,8 +1565,24 @@ __global__ void __launch_bounds__(BLOCK) k_ix_key(float *cache, const float *ix_
     float var = block_sum(v) / (float)ID, r = 1.0f / sqrtf(var + 1e-6f);
     for (int i = threadIdx.x; i < ID; i += blockDim.x) k[i] = (x[i] - mean) * r * w[i] + b[i];
     __syncthreads(); /* the rotation pairs elements other threads wrote */
-    const float *cs = table + (size_t)(pos0 + t) * DR;
     for (int i = threadIdx.x; i < DR / 2; i += blockDim.x) rope_pair(k, i, cs);
+}
+__global__ void __launch_bounds__(BLOCK) k_ix_key(float *cache, const float *ix_k, const float *w, const float *b, int ID, int DR, int pos0, const float *table,
+                                                  const int *pos_dev) {
+    if (pos_dev) pos0 = *pos_dev;
+    const int t = blockIdx.x, pos = pos0 + t;
+    ix_key_row(cache + (size_t)pos * ID, ix_k + (size_t)t * ID, w, b, ID, DR, table + (size_t)pos * DR);
+}
+
+/* The rows of glm serve's decode step (GRows, rows.cache: each slot's indexer keys), one
+ * launch: row r's query heads (nvec of ID dims, RoPE on the first DR, as k_rope) and its
+ * key, as k_ix_key. */
+__global__ void __launch_bounds__(BLOCK) k_ix_rope_key_rows(float *q, int ld_tok, int nvec, GRows rows, const float *ix_k, const float *w, const float *b,
+                                                            int ID, int DR, const float *table, const int *pos_dev) {
+    const int r = blockIdx.x, pos = pos_dev ? pos_dev[r] : rows.pos[r], half = DR / 2;
+    const float *cs = table + (size_t)pos * DR;
+    for (int j = threadIdx.x; j < nvec * half; j += blockDim.x) rope_pair(q + (size_t)r * ld_tok + (size_t)(j / half) * ID, j % half, cs);
+    ix_key_row(rows.cache[r] + (size_t)pos * ID, ix_k + (size_t)r * ID, w, b, ID, DR, cs);
 }
 
 /* score[t][j] = Σ_h (w[h]/sqrt(IH)) · ReLU(q_h · k_j / sqrt(ID)) for every visible key j.
@@ -1711,17 +1722,25 @@ __device__ void topk_block(const float *score, int nv, int k, int *sel) {
     }
 }
 
-__global__ void __launch_bounds__(BLOCK) k_topk(const float *scores, int ld, int K, int pos0, int *sel_all, int *n_sel, const int *pos_dev) {
-    if (pos_dev) pos0 = *pos_dev;
-    int t = blockIdx.x, visible = pos0 + t + 1;
-    int *sel = sel_all + (size_t)t * K;
+/* a token that sees `visible` keys: its selection sel (and its count *n_sel) */
+__device__ void topk_row(const float *scores, int visible, int K, int *sel, int *n_sel) {
     if (visible <= K) { /* every visible key is kept: attention is dense causal */
         for (int j = threadIdx.x; j < visible; j += blockDim.x) sel[j] = j;
-        if (threadIdx.x == 0) n_sel[t] = visible;
+        if (threadIdx.x == 0) *n_sel = visible;
         return;
     }
-    topk_block(scores + (size_t)t * ld, visible, K, sel);
-    if (threadIdx.x == 0) n_sel[t] = K;
+    topk_block(scores, visible, K, sel);
+    if (threadIdx.x == 0) *n_sel = K;
+}
+__global__ void __launch_bounds__(BLOCK) k_topk(const float *scores, int ld, int K, int pos0, int *sel_all, int *n_sel, const int *pos_dev) {
+    if (pos_dev) pos0 = *pos_dev;
+    const int t = blockIdx.x;
+    topk_row(scores + (size_t)t * ld, pos0 + t + 1, K, sel_all + (size_t)t * K, n_sel + t);
+}
+/* k_topk for the rows of glm serve's decode step (GRows positions; rows.cache unused). */
+__global__ void __launch_bounds__(BLOCK) k_topk_rows(const float *scores, int ld, int K, GRows rows, int *sel_all, int *n_sel, const int *pos_dev) {
+    const int r = blockIdx.x, pos = pos_dev ? pos_dev[r] : rows.pos[r];
+    topk_row(scores + (size_t)r * ld, pos + 1, K, sel_all + (size_t)r * K, n_sel + r);
 }
 
 /* ======================================================================== */
@@ -3149,25 +3168,52 @@ static void rmsnorm(float *y, const float *x, const float *w, int dim, int n, fl
 
 /* indexer_select: queries of the chunk's B rows, then for each sequence (span) its keys
  * into its cache slot, its scores over that slot's keys and its top-k into sel. */
+/* The indexer's scores of span i's tokens that see more than index_topk keys (its slot's
+ * keys, appended already). */
+static void ix_scores_span(GpuModel *g, GDev *D, const GLayer *L, const GSpan *sp, int i) {
+    const Config *c = &g->c;
+    const int IH = c->index_n_heads, ID = c->index_head_dim, K = c->index_topk;
+    const int t0 = sp->start, n = sp->n, pos0 = sp->pos, vmax = pos0 + n;
+    const float *q = D->ix_q + (size_t)t0 * IH * ID, *w = D->ix_w + (size_t)t0 * IH, *keys = slot_index_k(g, L, sp->slot);
+    float *scores = D->ix_scores + (size_t)t0 * g->ctx;
+    if (vmax > K && ix_tiled(c))
+        LAUNCHED(k_ix_scores_tiled, dim3(ix_key_blocks(c, vmax), (n + IX_TOKENS - 1) / IX_TOKENS), dim3(BLOCK), 0, 0, scores, g->ctx, q, w, keys, IH, ID, K,
+                 pos0, n, span_pos_dev(i));
+    else if (vmax > K)
+        LAUNCHED(k_ix_scores, dim3(ix_key_blocks(c, vmax), n), dim3(BLOCK), 0, 0, scores, g->ctx, q, w, keys, IH, ID, K, pos0, span_pos_dev(i));
+}
+
+/* Whether the step is glm serve's decode batch: several sequences, one row each (row i
+ * sequence i), whose per-token kernels then run once for all rows (the *_rows kernels). */
+static bool one_row_each(const GSpan *sp, int n_sp) {
+    bool one = n_sp > 1;
+    for (int i = 0; i < n_sp; i++) one = one && sp[i].n == 1 && sp[i].start == i;
+    return one;
+}
+
 static void indexer_select(GpuModel *g, GDev *D, const GLayer *L, int B, const GSpan *sp, int n_sp) {
     const Config *c = &g->c;
     const int IH = c->index_n_heads, ID = c->index_head_dim, K = c->index_topk;
     matmul(D->ix_q, D->cq, L->ix_wq_b, B);
     matmul(D->ix_k, D->a, L->ix_wk, B);
     matmul(D->ix_w, D->a, L->ix_weights, B);
+    if (one_row_each(sp, n_sp)) { /* the RoPE and key of all rows, each sequence's scores, the top-k of all rows */
+        GRows rows;
+        for (int i = 0; i < n_sp; i++) { rows.cache[i] = slot_index_k(g, L, sp[i].slot); rows.pos[i] = sp[i].pos; }
+        LAUNCHED(k_ix_rope_key_rows, dim3(n_sp), dim3(BLOCK), 0, 0, D->ix_q, IH * ID, IH, rows, (const float *)D->ix_k, (const float *)L->ix_knorm_w,
+                 (const float *)L->ix_knorm_b, ID, c->qk_rope, (const float *)D->rope, g_pos_dev);
+        for (int i = 0; i < n_sp; i++)
+            ix_scores_span(g, D, L, &sp[i], i);
+        LAUNCHED(k_topk_rows, dim3(n_sp), dim3(BLOCK), 0, 0, (const float *)D->ix_scores, g->ctx, K, rows, D->sel, D->n_sel, g_pos_dev);
+        return;
+    }
     for (int i = 0; i < n_sp; i++) {
-        const int t0 = sp[i].start, n = sp[i].n, pos0 = sp[i].pos, vmax = pos0 + n;
+        const int t0 = sp[i].start, n = sp[i].n, pos0 = sp[i].pos;
         float *q = D->ix_q + (size_t)t0 * IH * ID, *scores = D->ix_scores + (size_t)t0 * g->ctx, *keys = slot_index_k(g, L, sp[i].slot);
-        const float *w = D->ix_w + (size_t)t0 * IH;
         LAUNCHED(k_rope, dim3(n), dim3(BLOCK), 0, 0, q, IH * ID, IH, ID, 0, c->qk_rope, pos0, (const float *)D->rope, span_pos_dev(i));
         LAUNCHED(k_ix_key, dim3(n), dim3(BLOCK), 0, 0, keys, (const float *)D->ix_k + (size_t)t0 * ID, (const float *)L->ix_knorm_w,
                  (const float *)L->ix_knorm_b, ID, c->qk_rope, pos0, (const float *)D->rope, span_pos_dev(i));
-        if (vmax > K && ix_tiled(c))
-            LAUNCHED(k_ix_scores_tiled, dim3(ix_key_blocks(c, vmax), (n + IX_TOKENS - 1) / IX_TOKENS), dim3(BLOCK), 0, 0, scores, g->ctx, (const float *)q, w,
-                     (const float *)keys, IH, ID, K, pos0, n, span_pos_dev(i));
-        else if (vmax > K)
-            LAUNCHED(k_ix_scores, dim3(ix_key_blocks(c, vmax), n), dim3(BLOCK), 0, 0, scores, g->ctx, (const float *)q, w, (const float *)keys, IH, ID, K, pos0,
-                     span_pos_dev(i));
+        ix_scores_span(g, D, L, &sp[i], i);
         LAUNCHED(k_topk, dim3(n), dim3(BLOCK), 0, 0, (const float *)scores, g->ctx, K, pos0, D->sel + (size_t)t0 * K, D->n_sel + t0, span_pos_dev(i));
     }
 }
@@ -3232,11 +3278,9 @@ static void attention(GpuModel *g, GDev *D, const GLayer *L, int B, const GSpan 
     matmul(D->ckv, D->a, L->kv_a, B);
     /* q_pe's RoPE and the token's cache row [RMSNorm(c), RoPE(k_pe)] in one launch: for
      * all rows when each sequence has one (glm serve's decode step), else per sequence */
-    bool one_each = n_sp > 1;
-    for (int i = 0; i < n_sp; i++) one_each = one_each && sp[i].n == 1 && sp[i].start == i;
-    if (one_each) {
+    if (one_row_each(sp, n_sp)) {
         GRows rows;
-        for (int i = 0; i < n_sp; i++) { rows.latent[i] = slot_latent(g, L, sp[i].slot); rows.pos[i] = sp[i].pos; }
+        for (int i = 0; i < n_sp; i++) { rows.cache[i] = slot_latent(g, L, sp[i].slot); rows.pos[i] = sp[i].pos; }
         LAUNCHED(k_rope_q_kv_append_rows, dim3(n_sp), dim3(BLOCK), 0, 0, D->q, NH * (DN + DR), NH, DN + DR, DN, rows, (const float *)D->ckv,
                  (const float *)L->kv_a_norm, c->kv_lora_rank, DR, (const float *)D->rope, g_pos_dev);
     } else {

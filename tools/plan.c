@@ -420,16 +420,27 @@ static void print_spec(const Model *m, const Machine *M, int pos, int json) {
 }
 
 /* The launches one more sequence adds to glm serve's decode step at position pos (each
- * sequence one token): per layer a full layer's indexer RoPE, key, scores (past
- * index_topk) and top-k, and its attention with the combine of its slices (glm_hip.hip
- * attention(); the products, the RoPE and cache append, and the MLP take all rows at once). */
+ * sequence one token): per layer a full layer's indexer scores (past index_topk) and its
+ * attention with the combine of its slices (glm_hip.hip attention(); the products, the
+ * RoPE and cache append, the indexer's RoPE, key and top-k, and the MLP take all rows at
+ * once). */
 static int sequence_launches(const Model *m, int pos) {
     const Config *c = &m->cfg;
     const int n_sel = pos + 1 < c->index_topk ? pos + 1 : c->index_topk;
     int n = 0;
     for (int l = 0; l < c->n_layers; l++)
-        n += (m->layers[l].has_indexer ? 3 + (pos + 1 > c->index_topk) : 0) + 1 + (n_sel > MLA_KEYS);
+        n += (m->layers[l].has_indexer && pos + 1 > c->index_topk) + 1 + (n_sel > MLA_KEYS);
     return n;
+}
+
+/* glm serve's decode step of n sequences at position pos: a one-token step's launches,
+ * where with n > 1 a full layer's indexer RoPE and key are one launch for all rows
+ * (k_ix_rope_key_rows; one sequence: k_rope, k_ix_key), plus sequence_launches for each
+ * sequence after the first. */
+static int serve_step_launches(const Model *m, int pos, int n) {
+    int full = 0;
+    for (int l = 0; l < m->cfg.n_layers; l++) full += m->layers[l].has_indexer;
+    return total_i(step_cost(m, pos, 1).launches, K_N) - (n > 1 ? full : 0) + (n - 1) * sequence_launches(m, pos);
 }
 
 /* glm serve's decode step of n sequences, one token each, at the same context: the bytes
@@ -439,7 +450,7 @@ static int sequence_launches(const Model *m, int pos) {
  * (issue 34's target: 5x for 8). */
 static void print_serve(const Model *m, const Machine *M, int pos, int json) {
     const StepCost one = step_cost(m, pos, 1), eight = step_cost(m, pos, 8);
-    const int launches = total_i(one.launches, K_N) + 7 * sequence_launches(m, pos);
+    const int launches = serve_step_launches(m, pos, 8);
     const double r = step_seconds(&eight, M, launches, 1) / step_seconds(&one, M, total_i(one.launches, K_N), 1);
     if (json) printf(", \"serve_8\": {\"step_cost\": %.4f, \"ratio\": %.3f}", r, 8 / r);
     else printf("  glm serve, 8 sequences decoding together: a step of %.2f decode steps, %.2fx one sequence's tok/s\n", r, 8 / r);
@@ -515,7 +526,7 @@ int plan_main(int argc, char **argv) {
         printf("], \"launches_rows_1_8\": ["); /* one step of n = 1..8 tokens of one sequence from position 0 (a verify pass) */
         for (int n = 1; n <= 8; n++) printf("%s%d", n > 1 ? ", " : "", total_i(step_cost(&m, 0, n).launches, K_N));
         printf("], \"launches_serve_rows_1_8\": ["); /* glm serve's step of n = 1..8 sequences at position 0 */
-        for (int n = 1; n <= 8; n++) printf("%s%d", n > 1 ? ", " : "", total_i(step_cost(&m, 0, 1).launches, K_N) + (n - 1) * sequence_launches(&m, 0));
+        for (int n = 1; n <= 8; n++) printf("%s%d", n > 1 ? ", " : "", serve_step_launches(&m, 0, n));
         printf("], ");
     }
     else {

@@ -870,6 +870,23 @@ __device__ __forceinline__ void assume_global(const DMat &W) {
 #endif
 }
 
+/* Several tokens' routed experts, block row ts = slot t * A + s (token t's s-th chosen
+ * expert e = idx[ts]): whether this block runs e, i.e. no earlier token chose e (a token's
+ * A slots hold distinct experts). If so, take(p, u) records every slot p >= ts that chose
+ * e as the u-th of *m (thread 0 fills them; the block waits for it). */
+template <class Take> __device__ __forceinline__ bool expert_slots(const int *idx, int ts, int A, int slots, int *m, Take take) {
+    const int e = idx[ts];
+    for (int p = 0; p < ts / A * A; p++)
+        if (idx[p] == e) return false;
+    if (threadIdx.x == 0) {
+        *m = 0;
+        for (int p = ts; p < slots; p++)
+            if (idx[p] == e) take(p, (*m)++);
+    }
+    __syncthreads();
+    return true;
+}
+
 /* The MLP of a decode step (glm.c moe(): the shared expert and the A chosen experts
  * weighted in index order, here added in the order k_mlp_down gives; a dense layer's SwiGLU
  * is the same with no routed experts and its MLP as the "shared" one). A lone token: two
@@ -901,17 +918,10 @@ __global__ void __launch_bounds__(BLOCK) k_mlp_gate_up(const DMat *gate_t, const
         /* several tokens: the block of the first token to choose expert e runs it for every
          * token that did, each of its gate and up weights read once for the step; the
          * other such blocks have nothing to do */
-        const int g = blockIdx.y & 1, ts = blockIdx.y >> 1, t = ts / A, e = idx[ts];
-        for (int p = 0; p < t * A; p++)
-            if (idx[p] == e) return;
+        const int g = blockIdx.y & 1, ts = blockIdx.y >> 1;
         __shared__ int tok[NT], dst[NT], m; /* the tokens' rows of x, their rows of h1/h2 */
-        if (threadIdx.x == 0) {
-            m = 0;
-            for (int p = ts; p < n * A; p++)
-                if (idx[p] == e) { tok[m] = p / A; dst[m] = p / A * S + p % A; m++; }
-        }
-        __syncthreads();
-        const DMat W = (g ? up_t : gate_t)[e];
+        if (!expert_slots(idx, ts, A, n * A, &m, [&](int p, int u) { tok[u] = p / A; dst[u] = p / A * S + p % A; })) return;
+        const DMat W = (g ? up_t : gate_t)[idx[ts]];
         assume_global(W);
         const int i0 = blockIdx.x * GF_BLOCK_ROWS + wave_uniform(threadIdx.x / WAVE) * GF_RPW;
         float out[NT][GF_RPW];
@@ -957,17 +967,9 @@ __global__ void __launch_bounds__(BLOCK) k_mlp_down_grouped(const DMat *down_t, 
     __shared__ unsigned arrived;
     float o[NT][GF_RPW];
     if ((int)blockIdx.y < routed) {
-        const int ts = blockIdx.y, e = idx[ts];
-        bool first = true;
-        for (int p = 0; p < ts / A * A; p++) first = first && idx[p] != e;
-        if (first) {
-            if (threadIdx.x == 0) {
-                m = 0;
-                for (int p = ts; p < routed; p++)
-                    if (idx[p] == e) { rows[m] = p / A * S + p % A; dst[m] = p; m++; }
-            }
-            __syncthreads();
-            const DMat W = down_t[e];
+        const int ts = blockIdx.y;
+        if (expert_slots(idx, ts, A, routed, &m, [&](int p, int u) { rows[u] = p / A * S + p % A; dst[u] = p; })) {
+            const DMat W = down_t[idx[ts]];
             assume_global(W);
             gemv_fast_sums<EF, NT, true>(W, h1, h2, FI, 0, H, m, 0, W.cols / GfFormat<EF>::CE, i0, o, rows);
             if (threadIdx.x % WAVE == 0)
@@ -1467,13 +1469,18 @@ __device__ __forceinline__ void rope_pair(float *u, int i, const float *cs) {
     u[2 * i + 1] = a * s + b * c;
 }
 
+/* One token's nvec vectors (stride apart), each rotated over its dims from offset off,
+ * with cs its position's cos/sin pairs; the whole block shares the work. */
+__device__ void rope_vectors(float *v, int nvec, int stride, int off, int dims, const float *cs) {
+    const int half = dims / 2;
+    for (int j = threadIdx.x; j < nvec * half; j += blockDim.x) rope_pair(v + (size_t)(j / half) * stride + off, j % half, cs);
+}
+
 __global__ void __launch_bounds__(BLOCK) k_rope(float *v, int ld_tok, int nvec, int stride, int off, int dims, int pos0, const float *table,
                                                 const int *pos_dev) {
     if (pos_dev) pos0 = *pos_dev; /* a captured decode step: the position from device memory (see gpu_graph_step) */
-    int t = blockIdx.x, half = dims / 2;
-    const float *cs = table + (size_t)(pos0 + t) * dims;
-    for (int j = threadIdx.x; j < nvec * half; j += blockDim.x)
-        rope_pair(v + (size_t)t * ld_tok + (size_t)(j / half) * stride + off, j % half, cs);
+    const int t = blockIdx.x;
+    rope_vectors(v + (size_t)t * ld_tok, nvec, stride, off, dims, table + (size_t)(pos0 + t) * dims);
 }
 
 /* glm.c attention(): the token's cache row = [RMSNorm(c) (eps 1e-6), RoPE(k_pe)] from its
@@ -1496,8 +1503,7 @@ __device__ void kv_append_row(float *row, const float *src, const float *norm_w,
  * launch: the two touch different data (q; ckv -> the cache row). */
 __device__ void rope_q_kv_append_row(float *q_row, int nvec, int stride, int off, float *cache_row, const float *ckv_row, const float *norm_w, int KR,
                                      int DR, const float *cs) {
-    const int half = DR / 2;
-    for (int j = threadIdx.x; j < nvec * half; j += blockDim.x) rope_pair(q_row + (size_t)(j / half) * stride + off, j % half, cs);
+    rope_vectors(q_row, nvec, stride, off, DR, cs);
     kv_append_row(cache_row, ckv_row, norm_w, KR, DR, cs);
 }
 
@@ -1579,9 +1585,9 @@ __global__ void __launch_bounds__(BLOCK) k_ix_key(float *cache, const float *ix_
  * key, as k_ix_key. */
 __global__ void __launch_bounds__(BLOCK) k_ix_rope_key_rows(float *q, int ld_tok, int nvec, GRows rows, const float *ix_k, const float *w, const float *b,
                                                             int ID, int DR, const float *table, const int *pos_dev) {
-    const int r = blockIdx.x, pos = pos_dev ? pos_dev[r] : rows.pos[r], half = DR / 2;
+    const int r = blockIdx.x, pos = pos_dev ? pos_dev[r] : rows.pos[r];
     const float *cs = table + (size_t)pos * DR;
-    for (int j = threadIdx.x; j < nvec * half; j += blockDim.x) rope_pair(q + (size_t)r * ld_tok + (size_t)(j / half) * ID, j % half, cs);
+    rope_vectors(q + (size_t)r * ld_tok, nvec, ID, 0, DR, cs);
     ix_key_row(rows.cache[r] + (size_t)pos * ID, ix_k + (size_t)r * ID, w, b, ID, DR, cs);
 }
 

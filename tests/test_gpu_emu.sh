@@ -404,11 +404,13 @@ for v in bf16 mixed ngroup; do
     if [ -n "$got" ] && [ "$got" = "$want" ]; then ok "glm plan's launches = the emulation's count ($v, 20 one-token steps: $got)"
     else bad "glm plan's launches ($v)" "emulation counted '${got}', glm plan says '${want}'"; fi
 done
-# one step of several tokens of one sequence (a --draft verify pass): a prompt of n <= 8 tokens runs as
-# one such step
+# one step of several tokens of one sequence (a --draft verify pass: a prompt of n <= 8 tokens runs as
+# one such step), and glm serve's step of n = 1..8 sequences (gpu_forward_rows, one token each in its own
+# cache slot: each sequence after the first adds its own attention launches per layer)
 for v in bf16 mixed; do
     d=$OUT/$v
-    want=$("$CPU" plan -m "$d" --json 2>/dev/null | $PY -c "import json,sys; print(' '.join(map(str, json.load(sys.stdin)['launches_rows_1_8'])))")
+    "$CPU" plan -m "$d" --json >"$OUT/plan_$v.json" 2>/dev/null
+    want=$($PY -c "import json,sys; print(' '.join(map(str, json.load(open(sys.argv[1]))['launches_rows_1_8'])))" "$OUT/plan_$v.json")
     got=
     for n in 1 2 3 4 5 6 7 8; do
         got="$got $(GLM_GPU_LAUNCHES=1 ./glm_emu64 logits --gpu -m "$d" --ids "$(seq -s, 1 $n)" -o "$OUT/plan_logits.bin" 2>&1 >/dev/null |
@@ -417,12 +419,7 @@ for v in bf16 mixed; do
     got=${got# }
     if [ -n "$want" ] && [ "$got" = "$want" ]; then ok "glm plan's launches = the emulation's count ($v, one step of 1..8 tokens: $got)"
     else bad "glm plan's launches, steps of 1..8 tokens ($v)" "emulation counted '${got}', glm plan says '${want}'"; fi
-done
-# glm serve's step of n = 1..8 sequences (gpu_forward_rows, one token each in its own cache slot): each
-# sequence after the first adds its own RoPE and cache append, indexer and attention launches per layer
-for v in bf16 mixed; do
-    d=$OUT/$v
-    want=$("$CPU" plan -m "$d" --json 2>/dev/null | $PY -c "import json,sys; print(' '.join(map(str, json.load(sys.stdin)['launches_serve_rows_1_8'])))")
+    want=$($PY -c "import json,sys; print(' '.join(map(str, json.load(open(sys.argv[1]))['launches_serve_rows_1_8'])))" "$OUT/plan_$v.json")
     got=$(./build/gpu_ktest64 --serve-launches "$d" 2>/dev/null | tail -n 1)
     if [ -n "$want" ] && [ "$got" = "$want" ]; then ok "glm plan's launches = the emulation's count ($v, glm serve's step of 1..8 sequences: $got)"
     else bad "glm plan's launches, serve steps of 1..8 sequences ($v)" "emulation counted '${got}', glm plan says '${want}'"; fi

@@ -49,6 +49,7 @@ typedef struct {
     int n_gen;               /* -n: tokens to generate (bench: tokens timed per decode) */
     int ctx;                 /* --ctx, 0 = default */
     int decode;              /* logits --decode: one token at a time */
+    int chunk;               /* logits --chunk N: a prompt's rows as glm serve runs them, N at a time; 0 = one prefill */
     int mtp;                 /* logits --mtp: the MTP layer's logits */
     int draft;               /* run, chat --draft N: MTP drafts per step; -1 = the backend's default */
     int threads;             /* -t, 0 = one per core */
@@ -75,6 +76,8 @@ static const Flag FLAGS[] = {
     {"--ids", "1,2,3", RUN | LOGITS | COMPARE, "the prompt as token ids"},
     {"-o", "FILE", LOGITS, "write float32 logits [n][vocab] here (required)"},
     {"--decode", NULL, LOGITS, "one token at a time through the KV cache (default: one prefill)"},
+    {"--chunk", "N", LOGITS, "the prompt's rows as glm serve computes them, in chunks of N: each row\n"
+                             "the same whatever chunk it is in (default: one prefill)"},
     {"--mtp", NULL, LOGITS, "the MTP layer's logits instead, [n-1][vocab]: row i predicts id i+2\n"
                             "from the main model's hidden state at i and id i+1"},
     {"-n", "N", RUN | CHAT, "tokens to generate (default 32; chat: per reply)"},
@@ -183,6 +186,7 @@ static void set_flag(Args *a, const char *f, const char *v) {
     else if (!strcmp(f, "--ids")) a->ids = v;
     else if (!strcmp(f, "-o")) a->out = v;
     else if (!strcmp(f, "--decode")) a->decode = 1;
+    else if (!strcmp(f, "--chunk")) a->chunk = (int)parse_long(f, v, 1, 1 << 16);
     else if (!strcmp(f, "--mtp")) a->mtp = 1;
     else if (!strcmp(f, "--draft")) a->draft = (int)parse_long(f, v, 0, GLM_MAX_DRAFT);
     else if (!strcmp(f, "-n") && !strcmp(a->cmd, "bench")) a->bench.n_decode = (int)parse_long(f, v, 1, 4096);
@@ -554,8 +558,9 @@ static int cmd_chat(const Args *a) {
 /* ======================================================================== */
 /* glm logits and glm compare                                               */
 
-/* The logits of every position of ids, from one checkpoint (a session of its own). */
-static float *all_logits(const Args *a, const char *dir, const int *ids, int n, int one_at_a_time) {
+/* The logits of every position of ids, from one checkpoint (a session of its own):
+ * one prefill, one token at a time, or (chunk > 0) as glm serve runs a prompt. */
+static float *all_logits(const Args *a, const char *dir, const int *ids, int n, int one_at_a_time, int chunk) {
     Config probe;
     config_load(&probe, dir);
     Session S;
@@ -564,7 +569,11 @@ static float *all_logits(const Args *a, const char *dir, const int *ids, int n, 
     float *logits = xmalloc((size_t)n * V * sizeof(float));
     if (one_at_a_time)
         for (int t = 0; t < n; t++) session_forward(&S, &S.kv, ids + t, 1, logits + (size_t)t * V, 0);
-    else
+    else if (chunk) {
+        ops.prompt_rows = 1;
+        for (int t = 0; t < n; t += chunk) session_forward(&S, &S.kv, ids + t, n - t < chunk ? n - t : chunk, logits + (size_t)t * V, 1);
+        ops.prompt_rows = 0;
+    } else
         session_forward(&S, &S.kv, ids, n, logits, 1);
     session_close(&S);
     return logits;
@@ -588,10 +597,11 @@ static float *mtp_logits(const Args *a, const char *dir, const int *ids, int n, 
 static int cmd_logits(const Args *a) {
     if (!a->ids) glm_fatal("logits: --ids is required");
     if (!a->out) glm_fatal("logits: -o FILE is required");
+    if (a->chunk && (a->decode || a->mtp)) glm_fatal("logits: --chunk cannot go with %s", a->decode ? "--decode" : "--mtp");
     Config probe;
     config_load(&probe, a->model_dirs[0]);
     int n, *ids = parse_ids(a->ids, probe.vocab_size, &n);
-    float *logits = a->mtp ? mtp_logits(a, a->model_dirs[0], ids, n, a->decode) : all_logits(a, a->model_dirs[0], ids, n, a->decode);
+    float *logits = a->mtp ? mtp_logits(a, a->model_dirs[0], ids, n, a->decode) : all_logits(a, a->model_dirs[0], ids, n, a->decode, a->chunk);
     const size_t count = (size_t)(a->mtp ? n - 1 : n) * probe.vocab_size;
     size_t len = strlen(a->out);
     char *tmp = xmalloc(len + 16);
@@ -630,7 +640,7 @@ static int cmd_compare(const Args *a) {
     if (tok) tokenizer_free(tok);
     if (n < 2) glm_fatal("compare: need at least 2 tokens");
     const int V = ca.vocab_size;
-    float *la = all_logits(a, A, ids, n, 0), *lb = all_logits(a, B, ids, n, 0);
+    float *la = all_logits(a, A, ids, n, 0, 0), *lb = all_logits(a, B, ids, n, 0, 0);
     double *pa = xmalloc((size_t)V * sizeof(double)), *pb = xmalloc((size_t)V * sizeof(double));
     double kl = 0, kl_max = 0, nll_a = 0, nll_b = 0;
     int agree = 0;

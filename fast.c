@@ -18,6 +18,11 @@
  *   fast_moe_experts   one token: the chosen experts and the shared one as one pool;
  *                      a few tokens: every chosen expert on its tokens as one pool
  *
+ * These pick their kernels by the number of rows, except for a prompt's rows under glm
+ * serve (ops.prompt_rows): then every op computes each row the same in a chunk of any
+ * length (prompt_rows_product, moe_prompt_rows), so that the prefix cache can hand out
+ * any whole block of a prompt.
+ *
  * Each is tested against the reference: tests/test_forward.py compares both paths'
  * logits with the NumPy reference, tests/kernels_test.c every kernel with plain loops.
  * The numbers in the comments were measured on the 2-vCPU AMD EPYC (Zen 5) VM this
@@ -66,6 +71,7 @@ static uint16_t *g_x_bf16;        /* [cap][g_scratch_cols + 64] activations roun
 static float *g_pool_xs;          /* [max(2(n_active+1), 4)][XS_COLS] decode: each product's x as its kernel reads it */
 static float *g_tokens_xs;        /* [g_threads][MATVEC_MAX_TOKENS][XS_COLS] a few tokens' x as their kernels read it */
 static void *g_moe_x;             /* [MATVEC_MAX_TOKENS * (n_active + 1)][XS_COLS] a few tokens' MoE inputs, per expert (bf16, or fp32) */
+static float *g_prompt_xs;        /* [cap rounded up to MATVEC_MAX_TOKENS][XS_COLS] a prompt's tokens of one expert as token_rows reads them */
 static int g_moe_rows;            /* its rows */
 static float *g_uv_xs;            /* [NH * MATVEC_MAX_TOKENS][XS_FOR(KR)] decode: each head's o_lat as W_UV's kernel reads it */
 static float *g_scores;           /* [g_threads][ATTN_HEAD_BLOCK][PROBS_STRIDE(T)] attention scores of a head block */
@@ -319,20 +325,99 @@ static void matvec_tokens_f32(float *y, int ldy, const float *x, int ldx, const 
     }
 }
 
-/* y[t*ldy + i] = Σ_k x[t*ldx + k] · W[r0+i][k] for rows i in [0, nr), tokens t in [0, n). */
+/* x's n rows rounded to bf16 into g_x_bf16 (zero-padded to KP = cols rounded up to 32);
+ * returns their stride. Token rows are KP + 32 apart: at a multiple of 4 KB (GLM widths)
+ * the rows a tile reads would share L1 sets and evict each other (measured 20% slower). */
+static int round_rows_bf16(const float *x, int ldx, int K, int n, int parallel) {
+    const int KP = (K + 31) & ~31, LDX = KP + 32;
+    (void)parallel; /* read only by the pragma: unused in a build without OpenMP (make fuzz) */
+#pragma omp parallel for schedule(static) if (parallel) /* one thread alone: ~1% of a prefill */
+    for (int t = 0; t < n; t++) kernels.round_bf16(x + (size_t)t * ldx, K, g_x_bf16 + (size_t)t * LDX, KP);
+    return LDX;
+}
+
+/* The bf16 product of a few dozen tokens already in g_x_bf16, without a panel: 4 rows
+ * of W at a time dequantized once into a small buffer, each token's dot products with
+ * them summed along k (gemm_rows_bf16). */
+static void rows_bf16(float *y, int ldy, const Mat *W, int r0, int nr, int n, int LDX, int parallel) {
+    (void)parallel;
+#pragma omp parallel if (parallel)
+    {
+        uint16_t *wbuf = (uint16_t *)(g_panel + (size_t)thread_id() * g_panel_stride);
+#pragma omp for schedule(dynamic, 4)
+        for (int i = 0; i < nr; i += 4)
+            kernels.gemm_rows_bf16(W, r0 + i, nr - i < 4 ? nr - i : 4, g_x_bf16, LDX, n, y + i, ldy, wbuf);
+    }
+}
+
+/* The fp32 product of a chunk: 32 rows at a time are decoded once into a k-major panel;
+ * then every token streams through it in k-chunks small enough to stay in L2. */
+static void panel_f32(float *y, int ldy, const float *x, int ldx, const Mat *W, int r0, int nr, int n, int parallel) {
+    const int K = W->cols, KC = 512;
+    (void)parallel;
+#pragma omp parallel if (parallel)
+    {
+        float *panel = g_panel + (size_t)thread_id() * g_panel_stride, *rows = panel + (size_t)32 * g_scratch_cols;
+#pragma omp for schedule(dynamic, 1)
+        for (int rb = 0; rb < nr; rb += 32) {
+            int nj = nr - rb < 32 ? nr - rb : 32;
+            build_panel(W, r0 + rb, nj, rows, panel);
+            for (int t = 0; t < n; t++) memset(y + (size_t)t * ldy + rb, 0, (size_t)nj * sizeof(float));
+            for (int k0 = 0; k0 < K; k0 += KC)
+                kernels.gemm_panel(panel + (size_t)k0 * 32, 32, K - k0 < KC ? K - k0 : KC, x + k0, ldx, n, y + rb, ldy, nj);
+        }
+    }
+}
+
+/* Without a panel kernel: a row decoded once, dotted with each token. */
+static void dot_rows(float *y, int ldy, const float *x, int ldx, const Mat *W, int r0, int nr, int n, int parallel) {
+    (void)parallel;
+#pragma omp parallel if (parallel)
+    {
+        float *row = g_row_scratch + (size_t)thread_id() * g_scratch_cols;
+#pragma omp for schedule(static)
+        for (int i = 0; i < nr; i++) {
+            dequant_row(W, r0 + i, row);
+            for (int t = 0; t < n; t++) y[(size_t)t * ldy + i] = fdot(row, x + (size_t)t * ldx, W->cols);
+        }
+    }
+}
+
+/* threads only pay off when there is real work: a tiny product runs on one */
+static int worth_threads(const Mat *W, int nr, int n) { return (double)nr * W->cols * (n < 8 ? n : 8) > g_parallel_min; }
+
+/* A product of a prompt's rows (ops.prompt_rows, glm serve): the kernel may not depend
+ * on n, for a row's sums must come out the same in a chunk of any length and with any
+ * rows beside it (the prefix cache hands out any whole block of a prompt, and the rows
+ * after it then run in chunks that start elsewhere). Each kernel below computes every
+ * (token, row) sum by the same operations whatever the other tokens are, so one kernel
+ * per matrix is enough: the panel (bf16 or fp32; a short last chunk pays for building
+ * one), or where the CPU has none one dot product per row and token. The routed
+ * experts take another (expert_product). */
+static void prompt_rows_product(float *y, int ldy, const float *x, int ldx, const Mat *W, int r0, int nr, int n) {
+    const int parallel = worth_threads(W, nr, n);
+    if (g_act_bf16 && kernels.gemm_panel_bf16)
+        gemm_bf16_panels(y, ldy, W, r0, nr, n, round_rows_bf16(x, ldx, W->cols, n, parallel), parallel);
+    else if (kernels.gemm_panel) panel_f32(y, ldy, x, ldx, W, r0, nr, n, parallel);
+    else dot_rows(y, ldy, x, ldx, W, r0, nr, n, parallel);
+}
+
+/* y[t*ldy + i] = Σ_k x[t*ldx + k] · W[r0+i][k] for rows i in [0, nr), tokens t in [0, n):
+ * a prompt's rows as above, else the kernel that is fastest for n tokens. */
 static void matmul_rows(float *y, int ldy, const float *x, int ldx, const Mat *W, int r0, int nr, int n) {
-    /* threads only pay off when there is real work: a tiny product runs on one */
-    const int parallel = (double)nr * W->cols * (n < 8 ? n : 8) > g_parallel_min;
+    if (n <= 0) return;
+    if (ops.prompt_rows) { prompt_rows_product(y, ldy, x, ldx, W, r0, nr, n); return; }
+    const int parallel = worth_threads(W, nr, n);
     if (n == 1) {
         Matvec job = {W, r0, nr, x, y};
         matvec_jobs(&job, 1, g_x_split + (size_t)thread_id() * XS_COLS, XS_COLS, parallel);
         return;
     }
-    if (n > 1 && n <= MATVEC_MAX_TOKENS && matvec_in_bf16(W) && kernels.matvec_bf16_n) {
+    if (n <= MATVEC_MAX_TOKENS && matvec_in_bf16(W) && kernels.matvec_bf16_n) {
         matvec_tokens(y, ldy, x, ldx, W, r0, nr, n, parallel);
         return;
     }
-    if (n > 1 && n <= MATVEC_MAX_TOKENS && !matvec_in_bf16(W)) {
+    if (n <= MATVEC_MAX_TOKENS && !matvec_in_bf16(W)) {
         /* products in fp32 of a few tokens (--fp32, a CPU without bf16 products, an F32
          * matrix): each token's sums are its decode's whatever runs beside it (glm serve's
          * batch invariance, --draft's verify pass): the multi-token kernel where the CPU
@@ -346,53 +431,16 @@ static void matmul_rows(float *y, int ldy, const float *x, int ldx, const Mat *W
         matvec_jobs(job, n, g_tokens_xs + (size_t)thread_id() * MATVEC_MAX_TOKENS * XS_COLS, XS_COLS, parallel);
         return;
     }
-    if (n > 1 && g_act_bf16 && kernels.gemm_panel_bf16) {
-        /* token rows of X are KP + 32 apart: at a multiple of 4 KB (GLM widths) the rows
-         * a tile reads would share L1 sets and evict each other (measured 20% slower) */
-        const int K = W->cols, KP = (K + 31) & ~31, LDX = KP + 32;
-#pragma omp parallel for schedule(static) if (parallel) /* one thread alone: ~1% of a prefill */
-        for (int t = 0; t < n; t++) kernels.round_bf16(x + (size_t)t * ldx, K, g_x_bf16 + (size_t)t * LDX, KP);
-        if (n <= ROWS_MAX_TOKENS && kernels.gemm_rows_bf16) { /* few tokens: 4 rows at a time, no panel */
-#pragma omp parallel if (parallel)
-            {
-                uint16_t *wbuf = (uint16_t *)(g_panel + (size_t)thread_id() * g_panel_stride);
-#pragma omp for schedule(dynamic, 4)
-                for (int i = 0; i < nr; i += 4)
-                    kernels.gemm_rows_bf16(W, r0 + i, nr - i < 4 ? nr - i : 4, g_x_bf16, LDX, n, y + i, ldy, wbuf);
-            }
-            return;
-        }
-        gemm_bf16_panels(y, ldy, W, r0, nr, n, LDX, parallel);
+    if (g_act_bf16 && kernels.gemm_panel_bf16) {
+        const int LDX = round_rows_bf16(x, ldx, W->cols, n, parallel);
+        /* few tokens (an expert's share of a chunk): 4 rows at a time, no panel */
+        if (n <= ROWS_MAX_TOKENS && kernels.gemm_rows_bf16) rows_bf16(y, ldy, W, r0, nr, n, LDX, parallel);
+        else gemm_bf16_panels(y, ldy, W, r0, nr, n, LDX, parallel);
         return;
     }
-    if (kernels.gemm_panel && n >= 8) {
-        /* 32 rows at a time are decoded once into a k-major panel; then every
-         * token streams through it in k-chunks small enough to stay in L2 */
-        const int K = W->cols, KC = 512;
-#pragma omp parallel if (parallel)
-        {
-            float *panel = g_panel + (size_t)thread_id() * g_panel_stride, *rows = panel + (size_t)32 * g_scratch_cols;
-#pragma omp for schedule(dynamic, 1)
-            for (int rb = 0; rb < nr; rb += 32) {
-                int nj = nr - rb < 32 ? nr - rb : 32;
-                build_panel(W, r0 + rb, nj, rows, panel);
-                for (int t = 0; t < n; t++) memset(y + (size_t)t * ldy + rb, 0, (size_t)nj * sizeof(float));
-                for (int k0 = 0; k0 < K; k0 += KC)
-                    kernels.gemm_panel(panel + (size_t)k0 * 32, 32, K - k0 < KC ? K - k0 : KC, x + k0, ldx, n, y + rb, ldy, nj);
-            }
-        }
-        return;
-    }
-    /* few tokens (an expert's share of a chunk) or no panel kernel: decode a row, dot it with each token */
-#pragma omp parallel if (parallel)
-    {
-        float *row = g_row_scratch + (size_t)thread_id() * g_scratch_cols;
-#pragma omp for schedule(static)
-        for (int i = 0; i < nr; i++) {
-            dequant_row(W, r0 + i, row);
-            for (int t = 0; t < n; t++) y[(size_t)t * ldy + i] = fdot(row, x + (size_t)t * ldx, W->cols);
-        }
-    }
+    /* fp32: the panel from 8 tokens on; fewer (an expert's share of a chunk), or no panel kernel: a row at a time */
+    if (kernels.gemm_panel && n >= 8) panel_f32(y, ldy, x, ldx, W, r0, nr, n, parallel);
+    else dot_rows(y, ldy, x, ldx, W, r0, nr, n, parallel);
 }
 
 static void fast_matmul(float *y, const float *x, const Mat *W, int n) {
@@ -404,7 +452,7 @@ static void fast_matmul(float *y, const float *x, const Mat *W, int n) {
  * gate rows, 0.4-1.6 MB) stream beside the big ones instead of each paying a call's
  * start and end. */
 static void fast_matmul_group(const Product *p, int np, int n) {
-    if (n > 1) {
+    if (n > 1 || ops.prompt_rows) {
         for (int i = 0; i < np; i++) fast_matmul(p[i].y, p[i].x, p[i].W, n);
         return;
     }
@@ -551,7 +599,7 @@ static void absorb_head(const Config *c, const Layer *L, RunState *s, int n, int
             kernels.pack_pairs_bf16(b->w_uk + j0, KR, NULL, DN, nj, b->absorb_pairs);
             kernels.gemm_panel_bf16((const uint16_t *)b->absorb_pairs, DNE, b->xq, DNE, n, s->q_abs + (size_t)h * AD + j0, NH * AD, nj);
         }
-    } else if (n > MATVEC_MAX_TOKENS && (size_t)DN * KR <= g_panel_stride) {
+    } else if ((n > MATVEC_MAX_TOKENS || ops.prompt_rows) && kernels.gemm_panel && (size_t)DN * KR <= g_panel_stride) {
         float *w_uk = g_panel + (size_t)thread_id() * g_panel_stride; /* [DN][KR] */
         for (int i = 0; i < DN; i++) dequant_row(&L->kv_b, h * (DN + DV) + i, w_uk + (size_t)i * KR);
         for (int j0 = 0; j0 < KR; j0 += 32)
@@ -644,7 +692,10 @@ static void head_block_values(const Config *c, const float *latent, const int *s
  * one-token product's. A prompt chunk: a product of its tokens per head. */
 static void fast_mla_unabsorb(const Config *c, const Layer *L, RunState *s, int n) {
     const int NH = c->n_heads, DN = c->qk_nope, DV = c->v_head, KR = c->kv_lora_rank;
-    if (n > 1 && n <= MATVEC_MAX_TOKENS && few_tokens_kernel(&L->kv_b)) {
+    if (ops.prompt_rows) /* a product of its tokens per head, as a longer chunk's (matmul_rows) */
+        for (int h = 0; h < NH; h++)
+            matmul_rows(s->o_heads + (size_t)h * DV, NH * DV, s->o_lat + (size_t)h * KR, NH * KR, &L->kv_b, h * (DN + DV) + DN, DV, n);
+    else if (n > 1 && n <= MATVEC_MAX_TOKENS && few_tokens_kernel(&L->kv_b)) {
 #pragma omp parallel for schedule(dynamic, 1)
         for (int h = 0; h < NH; h++) {
             void *xb = g_tokens_xs + (size_t)thread_id() * MATVEC_MAX_TOKENS * XS_COLS;
@@ -664,7 +715,7 @@ static void fast_mla_unabsorb(const Config *c, const Layer *L, RunState *s, int 
 
 /* glm.c's mla_absorb, head by head on the threads (absorb_head). */
 static void fast_mla_absorb(const Config *c, const Layer *L, RunState *s, int n) {
-    const int bf16 = n > MATVEC_MAX_TOKENS && g_lat_bf16 && (c->kv_lora_rank + c->qk_rope) % 2 == 0;
+    const int bf16 = (n > MATVEC_MAX_TOKENS || ops.prompt_rows) && g_lat_bf16 && (c->kv_lora_rank + c->qk_rope) % 2 == 0;
 #pragma omp parallel
     {
         AttnBf16 b = {0};
@@ -685,7 +736,7 @@ static void fast_mla_attend(const Model *m, const Layer *L, const KVCache *kv, R
     const int NH = c->n_heads, KR = c->kv_lora_rank, AD = KR + c->qk_rope, K = c->index_topk;
     const float *latent = kv->latent + (size_t)layer * kv->ctx * AD;
     const float scale = 1.0f / sqrtf((float)(c->qk_nope + c->qk_rope)); /* pitfall 7 */
-    const int bf16 = n >= 8 && g_lat_bf16 && AD % 2 == 0;
+    const int bf16 = (n >= 8 || ops.prompt_rows) && g_lat_bf16 && AD % 2 == 0;
     if (bf16) { /* the rows this chunk may read, once per layer and chunk */
 #pragma omp parallel for schedule(static)
         for (int r = 0; r < pos0 + n; r++) kernels.round_bf16(latent + (size_t)r * AD, AD, g_lat_bf16 + (size_t)r * AD, AD);
@@ -812,11 +863,59 @@ static int moe_tokens(const Model *m, const Layer *L, RunState *s, const float *
     return 1;
 }
 
+/* y[n][W.rows] = x[n][W.cols] · Wᵀ for a routed expert's tokens of a prompt
+ * (ops.prompt_rows): each token's sums are its one-token product's, whatever n, from the
+ * few-token kernel (token_rows) on groups of up to MATVEC_MAX_TOKENS tokens. An expert's
+ * share of a chunk is mostly that few (n·A/E tokens: 8 of a 256-token chunk for GLM-5.2),
+ * where a panel costs more to build than it saves; for more, each thread's run of rows
+ * (<= RUN_MIN bytes) stays in L2 while every group passes. */
+static void expert_product(float *y, const float *x, const Mat *W, int n) {
+    if (!few_tokens_kernel(W)) { prompt_rows_product(y, W->rows, x, W->cols, W, 0, W->rows, n); return; }
+    const size_t group_bytes = (size_t)MATVEC_MAX_TOKENS * XS_COLS * layout_bytes(W);
+    for (int t0 = 0; t0 < n; t0 += MATVEC_MAX_TOKENS)
+        token_layouts(W, x + (size_t)t0 * W->cols, W->cols, NULL, n - t0 < MATVEC_MAX_TOKENS ? n - t0 : MATVEC_MAX_TOKENS,
+                      (char *)g_prompt_xs + (size_t)t0 / MATVEC_MAX_TOKENS * group_bytes);
+    const int parallel = worth_threads(W, W->rows, n), rows = token_run_rows(W, W->rows, parallel);
+    (void)parallel;
+#pragma omp parallel for schedule(dynamic, 1) if (parallel)
+    for (int lo = 0; lo < W->rows; lo += rows)
+        for (int t0 = 0; t0 < n; t0 += MATVEC_MAX_TOKENS)
+            token_rows(W, lo, W->rows - lo < rows ? W->rows - lo : rows, (char *)g_prompt_xs + (size_t)t0 / MATVEC_MAX_TOKENS * group_bytes,
+                       n - t0 < MATVEC_MAX_TOKENS ? n - t0 : MATVEC_MAX_TOKENS, y + (size_t)t0 * W->rows + lo, (size_t)W->rows);
+}
+
+/* A prompt's rows (ops.prompt_rows): glm.c's moe_experts, the shared expert's products
+ * as any other matrix's (the panel), each routed expert's by expert_product. */
+static void moe_prompt_rows(const Model *m, const Layer *L, RunState *s, const float *x, float *y, int n) {
+    const Config *c = &m->cfg;
+    const int FI = c->moe_inter, SF = c->n_shared * FI;
+    if (c->n_shared) {
+        fast_matmul(s->h1, x, &L->sh_gate, n);
+        fast_matmul(s->h2, x, &L->sh_up, n);
+        swiglu_act(s->h1, s->h2, n, SF);
+        fast_matmul(y, s->h1, &L->sh_down, n); /* unscaled (pitfall 8) */
+    } else memset(y, 0, (size_t)n * c->hidden * sizeof(float));
+    for (int e = 0; e < c->n_experts; e++) {
+        const int cnt = expert_gather(c, s, x, n, e);
+        if (!cnt) continue;
+        expert_product(s->h1, s->ex_x, &L->ex_gate[e], cnt);
+        expert_product(s->h2, s->ex_x, &L->ex_up[e], cnt);
+        swiglu_act(s->h1, s->h2, cnt, FI);
+        expert_product(s->ex_y, s->h1, &L->ex_down[e], cnt);
+        expert_scatter(c, s, y, cnt);
+    }
+}
+
 /* For one token, the chosen experts and the shared one as one pool of rows: their gate
  * and up products in one matvec_jobs, their down products in another; a few tokens go
- * to moe_tokens, longer chunks to glm.c's moe_experts (one GEMM per chosen expert). */
+ * to moe_tokens, longer chunks to glm.c's moe_experts (one GEMM per chosen expert), a
+ * prompt's rows to moe_prompt_rows. */
 static void fast_moe_experts(const Model *m, const Layer *L, RunState *s, const float *x, float *y, int n) {
     const Config *c = &m->cfg;
+    if (ops.prompt_rows) {
+        moe_prompt_rows(m, L, s, x, y, n);
+        return;
+    }
     if (n > 1) {
         const int fits = n <= MATVEC_MAX_TOKENS && few_tokens_kernel(&L->ex_gate[0]) && few_tokens_kernel(&L->ex_down[0]) &&
                          (!c->n_shared || (few_tokens_kernel(&L->sh_gate) && few_tokens_kernel(&L->sh_down)));
@@ -867,9 +966,9 @@ static void *xmalloc64(size_t n) {
 }
 
 static void fast_release(void) {
-    void *all[] = {g_row_scratch, g_x_split, g_panel, g_x_bf16, g_pool_xs, g_tokens_xs, g_moe_x, g_uv_xs, g_scores, g_lat_bf16, g_attn_bf16};
+    void *all[] = {g_row_scratch, g_x_split, g_panel, g_x_bf16, g_pool_xs, g_tokens_xs, g_moe_x, g_prompt_xs, g_uv_xs, g_scores, g_lat_bf16, g_attn_bf16};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) free(all[i]);
-    g_row_scratch = g_x_split = g_panel = g_pool_xs = g_tokens_xs = g_uv_xs = g_scores = NULL;
+    g_row_scratch = g_x_split = g_panel = g_pool_xs = g_tokens_xs = g_prompt_xs = g_uv_xs = g_scores = NULL;
     g_x_bf16 = g_lat_bf16 = g_attn_bf16 = NULL;
     g_moe_x = NULL;
 }
@@ -906,6 +1005,7 @@ static void fast_prepare(const Config *c, int cap, int ctx) {
     g_tokens_xs = xmalloc64((size_t)g_threads * MATVEC_MAX_TOKENS * XS_COLS * sizeof(float));
     g_moe_rows = MATVEC_MAX_TOKENS * (c->n_active + 1);
     g_moe_x = xmalloc64((size_t)g_moe_rows * XS_COLS * sizeof(float)); /* fp32 layouts or bf16 ones */
+    g_prompt_xs = xmalloc64(((size_t)cap + MATVEC_MAX_TOKENS) * XS_COLS * sizeof(float)); /* (pages untouched until a prompt uses them) */
     g_uv_xs = xmalloc64((size_t)c->n_heads * MATVEC_MAX_TOKENS * XS_FOR(c->kv_lora_rank) * sizeof(float));
     g_scores = xmalloc((size_t)g_threads * ATTN_HEAD_BLOCK * PROBS_STRIDE(ctx) * sizeof(float));
     if (g_act_bf16 && kernels.gemm_panel_bf16 && kernels.pack_pairs_bf16 && kernels.build_panel_bf16 && kernels.round_bf16) {

@@ -446,27 +446,40 @@ static void moe_route(const Config *c, const float *logits, const float *bias, i
         weight[k] = (c->norm_topk_prob ? weight[k] / (sum + 1e-20f) : weight[k]) * c->routed_scale;
 }
 
+/* The (token, slot) pairs of the chunk's n tokens that chose expert e, as t * A + slot,
+ * into s->ex_tokens, and their tokens' rows of x into s->ex_x; returns how many. */
+int expert_gather(const Config *c, RunState *s, const float *x, int n, int e) {
+    const int H = c->hidden, A = c->n_active;
+    int cnt = 0;
+    for (int t = 0; t < n; t++)
+        for (int k = 0; k < A; k++)
+            if (s->ex_idx[t * A + k] == e) s->ex_tokens[cnt++] = t * A + k;
+#pragma omp parallel for if (cnt > 1)
+    for (int i = 0; i < cnt; i++) memcpy(s->ex_x + (size_t)i * H, x + (size_t)(s->ex_tokens[i] / A) * H, (size_t)H * sizeof(float));
+    return cnt;
+}
+
+/* y[t] += w · s->ex_y[i] for the cnt pairs expert_gather found, w their routing weights. */
+void expert_scatter(const Config *c, const RunState *s, float *y, int cnt) {
+    const int H = c->hidden, A = c->n_active;
+    /* a token picks an expert at most once, so these rows of y are distinct (no race) */
+#pragma omp parallel for if (cnt > 1)
+    for (int i = 0; i < cnt; i++)
+        axpy(y + (size_t)(s->ex_tokens[i] / A) * H, s->ex_w[s->ex_tokens[i]], s->ex_y + (size_t)i * H, H);
+}
+
 /* y = shared expert(x) + Σ_k w_k · expert_k(x) for n tokens, routing done. Each chosen
  * expert runs once on all the tokens that chose it, so its weights are read once per
  * chunk; the shared expert's output is not scaled (pitfall 8). */
 void moe_experts(const Model *m, const Layer *L, RunState *s, const float *x, float *y, int n) {
     const Config *c = &m->cfg;
-    const int H = c->hidden, A = c->n_active;
     if (c->n_shared) swiglu(y, x, &L->sh_gate, &L->sh_up, &L->sh_down, s->h1, s->h2, n);
-    else memset(y, 0, (size_t)n * H * sizeof(float));
+    else memset(y, 0, (size_t)n * c->hidden * sizeof(float));
     for (int e = 0; e < c->n_experts; e++) {
-        int cnt = 0; /* (token, slot) pairs that chose e, as t * A + slot */
-        for (int t = 0; t < n; t++)
-            for (int k = 0; k < A; k++)
-                if (s->ex_idx[t * A + k] == e) s->ex_tokens[cnt++] = t * A + k;
+        const int cnt = expert_gather(c, s, x, n, e);
         if (!cnt) continue;
-#pragma omp parallel for if (cnt > 1)
-        for (int i = 0; i < cnt; i++) memcpy(s->ex_x + (size_t)i * H, x + (size_t)(s->ex_tokens[i] / A) * H, (size_t)H * sizeof(float));
         swiglu(s->ex_y, s->ex_x, &L->ex_gate[e], &L->ex_up[e], &L->ex_down[e], s->h1, s->h2, cnt);
-        /* a token picks an expert at most once, so these rows of y are distinct (no race) */
-#pragma omp parallel for if (cnt > 1)
-        for (int i = 0; i < cnt; i++)
-            axpy(y + (size_t)(s->ex_tokens[i] / A) * H, s->ex_w[s->ex_tokens[i]], s->ex_y + (size_t)i * H, H);
+        expert_scatter(c, s, y, cnt);
     }
 }
 
@@ -576,7 +589,12 @@ void forward_batch(const Model *m, RunState *s, const SeqTokens *seq, int n_seq,
         } else
             rmsnorm(s->a + (size_t)rows++ * H, x + (size_t)(seq[i].n - 1) * H, m->final_norm, H, eps);
     }
+    /* one row per sequence here (or a verify step's few): the one-token kernels, even for
+     * a prompt's last row (ops.prompt_rows holds for the layers' rows only) */
+    const int prompt_rows = ops.prompt_rows;
+    ops.prompt_rows = 0;
     ops.matmul(logits, s->a, &m->lm_head, rows);
+    ops.prompt_rows = prompt_rows;
 }
 
 /* ======================================================================== */

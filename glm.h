@@ -284,6 +284,11 @@ typedef struct {
     /* scratch for chunks of cap tokens and contexts of ctx (may be NULL) */
     void (*prepare)(const Config *c, int cap, int ctx);
     void (*release)(void);
+    /* Set by glm serve while it runs a prompt's rows through the layers: every row's
+     * arithmetic is then the same in a chunk of any length and start, so that the prefix
+     * cache can hand out any whole block of a prompt. (The fast path otherwise picks its
+     * kernels by the number of rows; the reference computes each row alone anyway.) */
+    int prompt_rows;
 } Ops;
 extern Ops ops;
 
@@ -296,6 +301,11 @@ void mla_absorb(const Config *c, const Layer *L, RunState *s, int n);
 void mla_attend_absorbed(const Model *m, const Layer *L, const KVCache *kv, RunState *s, int layer, int n, int pos0);
 void mla_unabsorb(const Config *c, const Layer *L, RunState *s, int n);
 void moe_experts(const Model *m, const Layer *L, RunState *s, const float *x, float *y, int n);
+/* moe_experts' steps around one routed expert's products (the fast path's prompt rows
+ * run their own products between them): its tokens' rows of x -> s->ex_x (returns how
+ * many), and their outputs s->ex_y, weighted, added to their rows of y */
+int expert_gather(const Config *c, RunState *s, const float *x, int n, int e);
+void expert_scatter(const Config *c, const RunState *s, float *y, int cnt);
 void softmax(float *x, int n);
 /* h_gate = SiLU(h_gate) ⊙ h_up for n rows of width F (the SwiGLU activation) */
 void swiglu_act(float *h_gate, const float *h_up, int n, int F);

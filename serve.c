@@ -15,10 +15,11 @@
  * the engine appends tokens and sets done; the connection sets cancel (client gone, a
  * stop string matched) and frees the Job only after the engine has set done.
  *
- * Batch invariance: forward_batch computes each row as it would be computed alone, and
- * the prefix cache hands back rows the same computation wrote, so with fp32 products a
- * request's logits do not depend on what runs beside it or where its prefix came from
- * (docs in README "glm serve"; tests/test_serve.sh checks it).
+ * Batch invariance: a decode batch computes each row as it would be computed alone, a
+ * prompt's rows come out the same in any chunk (ops.prompt_rows), and the prefix cache
+ * hands back rows the same computation wrote, so a request's logits do not depend on
+ * what runs beside it or where its prefix came from (docs in README "glm serve";
+ * tests/test_serve.sh checks it).
  */
 #define _GNU_SOURCE
 #include "glm.h"
@@ -52,7 +53,6 @@ typedef struct {
     int port, ctx, parallel, chunk, queue, threads, bf16;
     int n_gpus;               /* --gpu / --gpus N: the GPU path (its caches on the devices) */
     int draft;                /* --draft N: MTP drafts per step and sequence; -1 = the backend's default */
-    int cache_unit;           /* cache hits are multiples of this: lcm(chunk, CACHE_BLOCK) */
     double cache_mb;          /* prefix cache budget; < 0 = sized from memory */
     size_t max_body;
 } ServeArgs;
@@ -73,8 +73,7 @@ static const char SERVE_USAGE[] =
     "  --port N          port (default 8080)\n"
     "  --parallel N      sequences decoded together (default: from free memory, at most 8)\n"
     "  --ctx N           context per sequence in tokens (default min(4096, max_position_embeddings))\n"
-    "  --chunk N         prompt tokens per step beside the running decodes; the prefix cache reuses\n"
-    "                    whole chunks (default 256)\n"
+    "  --chunk N         prompt tokens per step beside the running decodes (default 256)\n"
     "  --cache-mb N      prefix cache budget in MiB, 0 = off (default: from free memory)\n"
     "  --queue N         requests waiting for a slot before 503 (default 64)\n"
     "  --max-body N      largest request body in bytes (default 8388608)\n"
@@ -431,7 +430,8 @@ static int pick_slot(const Job *j) {
 }
 
 /* Under g.mu: free slots take queued jobs, each starting from the longest prefix the
- * cache holds in whole chunks (--gpu: that the slot's rows on the devices hold). */
+ * cache holds in whole blocks (--gpu: in whole chunks that the slot's rows on the
+ * devices hold). */
 static void admit(void) {
     int i;
     while (g.queue_head && (i = pick_slot(g.queue_head)) >= 0) {
@@ -443,16 +443,14 @@ static void admit(void) {
         j->in_queue = 0;
         sl->job = j;
         sl->kv.pos = sl->kv.mtp_pos = 0;
-        /* whole chunks of whole blocks only (see engine_step), and not the last token: its
-         * logits are needed */
+        /* not the last token: its logits are needed */
         int hit;
         if (g.S.gpu) {
             hit = gpu_prefix(sl, j);
             sl->gpu_whole = hit; /* the job overwrites the rest */
             if (g.drafts) spec_resume(&sl->spec, j->prompt, j->n_prompt, hit, hit ? sl->gpu_ends_h + (size_t)(hit / g.args.chunk - 1) * g.S.model.cfg.hidden : NULL);
         } else {
-            const int unit = g.args.cache_unit;
-            hit = cache_match(&g.cache, j->prompt, j->n_prompt - 1) / unit * unit;
+            hit = cache_match(&g.cache, j->prompt, j->n_prompt - 1);
             sl->last_block = cache_load(&g.cache, &g.S.model, j->prompt, hit, &sl->kv, sl->ends_h);
             if (g.drafts) spec_resume(&sl->spec, j->prompt, j->n_prompt, hit, sl->ends_h);
         }
@@ -470,13 +468,13 @@ static int seq_token(const Slot *sl, int pos) {
     return pos < sl->job->n_prompt ? sl->job->prompt[pos] : sl->job->out[pos - sl->job->n_prompt];
 }
 
-/* Offers the slot's newly completed prompt blocks to the prefix cache. Only the prompt's
- * whole chunks: positions a decode wrote, or the prompt's last chunk when it is shorter
- * than --chunk, come from other kernels than a whole chunk uses, and a later prompt that
- * starts with them must get the rows its own chunks would compute. With drafts, h is the
- * hidden state at each block's last position, from the chunk just run (ends_h). */
+/* Offers the slot's newly completed prompt blocks to the prefix cache: the prompt's
+ * positions only, for a decode's rows come from other kernels than a prompt's (and a
+ * later prompt that starts with them must get the rows its own chunks compute). With
+ * drafts, h is the hidden state at each block's last position, from the chunk just run
+ * (ends_h). */
 static void offer_blocks(Slot *sl) {
-    const int H = g.S.model.cfg.hidden, whole = sl->n_fed / g.args.chunk * g.args.chunk;
+    const int H = g.S.model.cfg.hidden, whole = sl->n_fed; /* (prompt tokens only) */
     int tokens[CACHE_BLOCK];
     while ((sl->n_blocks + 1) * CACHE_BLOCK <= whole) {
         const int pos = sl->n_blocks * CACHE_BLOCK;
@@ -595,15 +593,15 @@ static void take_sampled(Slot *sl, const float *lg, const float *keep, float lse
 }
 
 /* One step: every decoding slot's next token (with --draft: its drafts, verified) as one
- * batch, then one chunk of the oldest waiting prompt as another. A chunk covers positions
- * [k·C, (k+1)·C) of its prompt (C = --chunk) or the prompt's rest, and runs alone; the
- * cache hands out whole chunks only. So every row is computed the same way whatever else
- * is running and whether the prefix came from the cache: the fast path's products switch
- * kernels with the number of rows (and of tokens per expert), which would otherwise
- * change the last bits of a request's logits with its neighbours. A decode batch goes
- * through the kernels whose per-token sums do not depend on the batch (matvec_bf16_n),
- * and so does a verify step's rows: drafting changes no greedy token and no
- * log-probability. Returns 0 when there was nothing to run. */
+ * batch, then one chunk of the oldest waiting prompt as another. A chunk runs up to the
+ * next multiple of C = --chunk (the GPU path keeps whole chunks on the devices) or the
+ * prompt's end, and alone, with ops.prompt_rows set: the fast path then gives every row
+ * the sums it would get in any other chunk (its products otherwise switch kernels with
+ * the number of rows, and of tokens per expert), so a prompt's rows do not depend on
+ * where its chunks start, on the prompts before it or on whether its prefix came from
+ * the cache. A decode batch goes through the kernels whose per-token sums do not depend
+ * on the batch (matvec_bf16_n), and so does a verify step's rows: drafting changes no
+ * greedy token and no log-probability. Returns 0 when there was nothing to run. */
 static int engine_step(void) {
     const int P = g.args.parallel, V = g.S.model.cfg.vocab_size, C = g.args.chunk;
     SeqTokens seq[P + 1];
@@ -644,10 +642,12 @@ static int engine_step(void) {
     }
     if (n_seq > n_decode) {
         Slot *sl = &g.slot[best];
+        ops.prompt_rows = 1;
         run_batch(seq + n_decode, 1, prompt_logits, NULL);
         sl->n_fed += seq[n_decode].n;
         if (g.S.gpu) gpu_keep_chunk(sl, seq[n_decode].n, sl->n_fed);
         if (g.drafts) prompt_chunk_mtp(sl, seq[n_decode].n, sl->n_fed);
+        ops.prompt_rows = 0;
     }
     /* each decoding row's token and, if its request wants log-probabilities, its log Σ exp
      * (before sample() turns the row into probabilities), on all threads: a row's log Σ exp
@@ -1455,8 +1455,6 @@ static void serve_start(ServeArgs *a) {
         if (b > 2 * a->parallel * slot_bytes) b = 2 * a->parallel * slot_bytes;
         a->cache_mb = b / 1048576.0;
     }
-    a->cache_unit = a->chunk;
-    while (a->cache_unit % CACHE_BLOCK) a->cache_unit += a->chunk; /* whole chunks made of whole blocks */
     g.args = *a;
     const char *slash = strrchr(a->model_dir, '/');
     g.model_id = a->alias ? a->alias : slash && slash[1] ? slash + 1 : a->model_dir;

@@ -574,6 +574,37 @@ def t_few_rows_as_decode(v):
     return ", ".join(out)
 
 
+def t_prompt_rows_any_chunk(v):
+    # glm serve computes a prompt's rows so that each comes out the same in any chunk (so the
+    # prefix cache can hand out any whole block, and the rows after it run in chunks that
+    # start elsewhere); glm logits --chunk N runs a prompt that way. Chunks of 1, 5 and 16
+    # rows give the logits of one chunk of the whole prompt bit for bit, with bf16 and fp32
+    # products and with the AVX2 kernels; the fp32 ones are within TOL_REF of the reference.
+    # The checkpoint's 48 ids, then 300 random ones: ~75 per routed expert, several groups of
+    # the 16 tokens the few-token kernels take at once. Also the AVX2 kernels' own prefill of
+    # 48 rows (no panel kernel there) against the reference.
+    c = CK[v]
+    long_ids = list(c["ids"]) + [int(x) for x in np.random.default_rng(7).integers(0, c["cfg"]["vocab_size"], 300)]
+    out = []
+    san = bool(os.environ.get("SAN"))  # the sanitizer pass: the default kernels, the long prompt only
+    for kern, prec in (("best", "--bf16"), ("best", "--fp32")) + ((("avx2", "--bf16"), ("avx2", "--fp32")) if not san else ()):
+        env = {"GLM_KERNELS": "avx2"} if kern == "avx2" else None
+        for name, ids, chunks in (("48", c["ids"], (1, 5, 16)), ("348", long_ids, (37, 128)))[san:]:
+            whole = glm_logits(c["dir"], ids, [prec, "--chunk", str(len(ids))], tag="%s-pr%s%s%s" % (v, prec, kern, name), env=env)
+            for k in chunks:
+                got = glm_logits(c["dir"], ids, [prec, "--chunk", str(k)], tag="%s-pr%s%s%s-%d" % (v, prec, kern, name, k), env=env)
+                diff = np.nonzero((got != whole).any(1))[0]
+                check(len(diff) == 0, "%s %s kernels, %s ids: chunks of %d vs one chunk differ at positions %s (max rel %.2g)"
+                      % (prec, kern, name, k, list(diff[:8]), rel_rows(got, whole).max()))
+            if prec == "--fp32" and name == "48":  # (the reference's logits are of the 48 ids)
+                compare("%s kernels --fp32 --chunk vs ref" % kern, whole, c["ref_logits"], TOL_REF)
+                if kern == "avx2":  # and the AVX2 kernels' own prefill (a chunk of 48 rows: no panel kernel)
+                    got = glm_logits(c["dir"], ids, [prec], tag="%s-avx2-prefill" % v, env=env)
+                    compare("avx2 kernels --fp32 prefill vs ref", got, c["ref_logits"], TOL_REF)
+        out.append("%s %s identical" % (kern, prec[2:]))
+    return ", ".join(out)
+
+
 def t_no_mmap():
     # --no-mmap reads the shards into memory instead of mapping them: same bytes, same logits
     c = CK["mixed"]
@@ -1232,6 +1263,7 @@ def main():
         test("logits_bf16_%s" % v, t_logits_bf16, v)
         if not os.environ.get("SAN") or v in ("bf16", "mxfp4"):  # the sanitizer pass: two formats
             test("few_rows_as_decode_%s" % v, t_few_rows_as_decode, v)
+            test("prompt_rows_any_chunk_%s" % v, t_prompt_rows_any_chunk, v)
         test("logits_plain_%s" % v, t_logits_plain, v)
     test("ctx_limit_ok", t_ctx_ok)
     test("no_mmap_same_logits", t_no_mmap)

@@ -21,8 +21,10 @@
 #   bit-identical log-probabilities alone and together (SAN=1: 2 prompts of 8 tokens; plain C kernels, GLM_KERNELS=c: alone
 #   first, then together, then again from the prefix cache; the default kernels: together
 #   first, every prompt uncached, then alone; and the same with bf16 products);
-# - the prefix cache: a 220-token prompt after its first 200 starts from >= 192 cached
-#   positions (16-token blocks, handed out in whole --chunk chunks); --cache-mb 0: none;
+# - the prefix cache: a 220-token prompt after its first 200 starts from 192 cached positions
+#   (16-token blocks); a prompt that starts from any whole block (one a short last chunk wrote
+#   too) gets the logits of a server without a cache whose chunks start elsewhere, bit for
+#   bit; --cache-mb 0: none;
 # - --draft N (the MTP layer drafts; the tiny model has one): greedy tokens and logprobs
 #   bit-identical to a server without drafts, alone, 4 together (SAN=1: 2) and from the prefix
 #   cache, with fp32 and (not SAN=1) with bf16 products; seeded sampling batch invariant; drafts that are
@@ -134,8 +136,7 @@ ok "$([ $rc = 1 ] && [ "$(wc -l <"$out/flag.err")" = 1 ] && grep -q "unknown fla
     "serve_unknown_flag_one_line" "$out/flag.err"
 
 # the main server: default kernels, fp32 products, 8 sequences, prompts in chunks of 24 tokens
-# (not a multiple of the cache's 16-token blocks; the cache hands out whole chunks: a 220-token
-# prompt can start from 192 cached positions)
+# (not a multiple of the cache's 16-token blocks, which it hands out whatever the chunks)
 if start main -- --fp32 --parallel 8 --chunk 24; then
     MAIN_URL=$URL
     py basic "$URL" m
@@ -143,7 +144,7 @@ if start main -- --fp32 --parallel 8 --chunk 24; then
     py chat "$URL"
     py stream "$URL"
     py errors "$URL"
-    py cache "$URL" 24
+    py cache "$URL"
     OUT=$out py continuation "$URL" "$GLM" "$out/m"
     py invariance "$URL" fast "$N_INV" "$T_INV"
     # curl: a stream is "data: ..." lines and blank lines, ending with [DONE]
@@ -226,7 +227,8 @@ if [ -n "$SCRIPT2" ] && start script2 "GLM_SERVE_SCRIPT=$SCRIPT2" -- --parallel 
     py sampled_logprobs "$URL" "$GLM" "$out/m" "$SCRIPT2"
 fi
 # prefix-cache hits with --chunk 24 (not a multiple of the 16-token blocks) against no cache
-if [ -n "${MAIN_URL:-}" ] && start nocache24 -- --fp32 --parallel 8 --chunk 24 --cache-mb 0; then
+# and chunks of 40: the same logits
+if [ -n "${MAIN_URL:-}" ] && start nocache40 -- --fp32 --parallel 8 --chunk 40 --cache-mb 0; then
     py cache_chunk "$MAIN_URL" "$URL"
 fi
 

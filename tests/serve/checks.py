@@ -14,7 +14,7 @@ standard library: http.client, socket, threading. The groups and what they need:
     errors URL                      400s with an OpenAI error body; raw bad HTTP (400, 411, 431,
                                     505), HTTP/1.0, pipelining
     limits URL KEY ALIAS CTX        a server with --api-key KEY --alias ALIAS --ctx CTX --max-body 2048
-    cache URL CHUNK                 the prefix cache reuses whole blocks of a longer prompt (--chunk CHUNK)
+    cache URL                       the prefix cache reuses whole blocks of a longer prompt
     continuation URL GLM MODEL      greedy tokens as glm run's, also for a prompt that continues an
                                     answer; logprobs as log_softmax of glm logits (needs numpy, $OUT)
     nocache URL                     --cache-mb 0: nothing cached
@@ -666,20 +666,19 @@ def g_limits(url, key, alias, ctx):
     ok(st == 200, "limits_server_alive", "HTTP %d" % st)
 
 
-def g_cache(url, chunk):
+def g_cache(url):
     """A 200-token prompt, then it with 20 more: the second starts from the cache, which keeps
-    whole blocks of 16 positions and hands out whole chunks (--chunk, a multiple of 16 <= 192)."""
-    chunk = int(chunk)
+    and hands out whole blocks of 16 positions."""
     s = Server(url)
     p = ids(30000, 200, 7)
     st1, j1, r1 = s.post("/v1/completions", C(p, max_tokens=4, temperature=0, ignore_eos=True))
     st2, j2, r2 = s.post("/v1/completions", C(p + ids(60000, 20, 8), max_tokens=4, temperature=0, ignore_eos=True))
     try:
         c1, c2 = j1["usage"]["prompt_tokens_details"]["cached_tokens"], j2["usage"]["prompt_tokens_details"]["cached_tokens"]
-        good = c1 == 0 and 192 <= c2 <= 219 and c2 % 16 == 0 and c2 % chunk == 0 and j2["usage"]["prompt_tokens"] == 220
+        good = c1 == 0 and c2 == 192 and j2["usage"]["prompt_tokens"] == 220
     except Exception:
         good, c1, c2 = False, r1[:200], r2[:200]
-    ok(good, "prefix_cache_reuses_blocks", "cached %r then %r (want 0, then >= 192 in whole chunks of %d)" % (c1, c2, chunk))
+    ok(good, "prefix_cache_reuses_blocks", "cached %r then %r (want 0, then 192)" % (c1, c2))
     # the same prompt again: at most n-1 positions come from the cache; the same greedy text
     st3, j3, r3 = s.post("/v1/completions", C(p, max_tokens=4, temperature=0, ignore_eos=True))
     try:
@@ -1227,9 +1226,11 @@ def g_tools(url, reasoning, answer, call_text):
 
 
 def g_cache_chunk(url, url_nocache):
-    """--chunk 24 is not a multiple of the cache's 16-token blocks: a prompt that repeats a
-    cached prompt's tokens at other positions still gets the logits a server without a
-    cache computes (hits are whole chunks made of whole blocks)."""
+    """URL runs prompts in chunks of 24 tokens (not a multiple of the cache's 16-token blocks),
+    URL_NOCACHE in chunks of 40 without a cache: a prompt's rows come out the same whatever
+    chunks computed them, so a prompt that starts from any whole block of a cached prompt
+    (or repeats its tokens at other positions) gets the logits of the server without a cache,
+    bit for bit."""
     s, fresh = Server(url), Server(url_nocache)
     p = ids(3000, 90, 41)
     p3 = p[:80] + p[64:80] + ids(3000, 20, 42)
@@ -1239,21 +1240,19 @@ def g_cache_chunk(url, url_nocache):
     st, a, _ = s.post("/v1/completions", body(p3))
     st2, b, _ = fresh.post("/v1/completions", body(p3))
     key = lambda j: (j["choices"][0]["text"], j["choices"][0]["logprobs"]["token_logprobs"]) if j else None
-    ok(st == 200 and st2 == 200 and key(a) == key(b), "cache_chunk_not_block_multiple_same_logits",
-       "cached %r (cached_tokens %r) vs no cache %r" % (key(a), a and a["usage"]["prompt_tokens_details"], key(b)))
-    # a prompt's last chunk, shorter than --chunk (16 rows of a 40-token prompt), computes its
-    # rows with other kernels than a whole chunk: its blocks are not cached, so a later prompt
-    # that runs those positions in whole chunks and a third that hits them get the rows whole
-    # chunks compute
+    hit = a["usage"]["prompt_tokens_details"]["cached_tokens"] if st == 200 else None
+    ok(st == 200 and st2 == 200 and hit == 80 and key(a) == key(b), "cache_any_block_other_chunks_same_logits",
+       "cached %r (cached_tokens %r, want 80) vs no cache %r" % (key(a), hit, key(b)))
+    # a prompt's last chunk, shorter than --chunk (rows 24..39 of a 40-token prompt), is cached
+    # too: a later prompt starts from its block 16..31, which two chunks computed
     q = ids(7000, 110, 43)
-    for pr in (q[:40], q[:100]):
-        s.post("/v1/completions", body(pr))
-    q3 = q[:96] + ids(7000, 10, 44)
+    s.post("/v1/completions", body(q[:40]))
+    q3 = q[:36] + ids(7000, 10, 44)
     st, a, _ = s.post("/v1/completions", body(q3))
     st2, b, _ = fresh.post("/v1/completions", body(q3))
     hit = a["usage"]["prompt_tokens_details"]["cached_tokens"] if st == 200 else None
-    ok(st == 200 and st2 == 200 and hit == 96 and key(a) == key(b), "cache_chunk_short_last_chunk_not_reused",
-       "cached %r (cached_tokens %r) vs no cache %r" % (key(a), hit, key(b)))
+    ok(st == 200 and st2 == 200 and hit == 32 and key(a) == key(b), "cache_short_last_chunk_reused_same_logits",
+       "cached %r (cached_tokens %r, want 32) vs no cache %r" % (key(a), hit, key(b)))
 
 
 def g_script2(url, answer):

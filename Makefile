@@ -231,6 +231,8 @@ bench-serve: glm
 	kill $$pid; wait $$pid 2>/dev/null; \
 	echo "make bench-serve: decode alone, 8 sequences against one (issue 34's ratio):"; \
 	tools/serve_ratio.sh $(BENCH_DIR) 3 || rc=1; \
+	echo "make bench-serve: time to first token, 60% of the prompt from the cache against none (issue 34's ratio):"; \
+	tools/serve_ttft.sh $(BENCH_DIR) 2 || rc=1; \
 	exit $$rc
 
 .PHONY: test test-asan clean demo bench bench-serve fuzz hip cuda emu deps isa-report

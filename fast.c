@@ -888,19 +888,14 @@ static void expert_product(float *y, const float *x, const Mat *W, int n) {
  * as any other matrix's (the panel), each routed expert's by expert_product. */
 static void moe_prompt_rows(const Model *m, const Layer *L, RunState *s, const float *x, float *y, int n) {
     const Config *c = &m->cfg;
-    const int FI = c->moe_inter, SF = c->n_shared * FI;
-    if (c->n_shared) {
-        fast_matmul(s->h1, x, &L->sh_gate, n);
-        fast_matmul(s->h2, x, &L->sh_up, n);
-        swiglu_act(s->h1, s->h2, n, SF);
-        fast_matmul(y, s->h1, &L->sh_down, n); /* unscaled (pitfall 8) */
-    } else memset(y, 0, (size_t)n * c->hidden * sizeof(float));
+    if (c->n_shared) swiglu(y, x, &L->sh_gate, &L->sh_up, &L->sh_down, s->h1, s->h2, n); /* unscaled (pitfall 8) */
+    else memset(y, 0, (size_t)n * c->hidden * sizeof(float));
     for (int e = 0; e < c->n_experts; e++) {
         const int cnt = expert_gather(c, s, x, n, e);
         if (!cnt) continue;
         expert_product(s->h1, s->ex_x, &L->ex_gate[e], cnt);
         expert_product(s->h2, s->ex_x, &L->ex_up[e], cnt);
-        swiglu_act(s->h1, s->h2, cnt, FI);
+        swiglu_act(s->h1, s->h2, cnt, c->moe_inter);
         expert_product(s->ex_y, s->h1, &L->ex_down[e], cnt);
         expert_scatter(c, s, y, cnt);
     }

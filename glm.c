@@ -407,7 +407,7 @@ void swiglu_act(float *h_gate, const float *h_up, int n, int F) {
 }
 
 /* SwiGLU MLP on n rows of x (§3.8): y = W_down · (SiLU(W_gate·x) ⊙ (W_up·x)). */
-static void swiglu(float *y, const float *x, const Mat *gate, const Mat *up, const Mat *down, float *h1, float *h2, int n) {
+void swiglu(float *y, const float *x, const Mat *gate, const Mat *up, const Mat *down, float *h1, float *h2, int n) {
     const Product gate_up[2] = {{h1, x, gate}, {h2, x, up}};
     ops.matmul_group(gate_up, 2, n);
     swiglu_act(h1, h2, n, gate->rows);

@@ -309,6 +309,8 @@ void expert_scatter(const Config *c, const RunState *s, float *y, int cnt);
 void softmax(float *x, int n);
 /* h_gate = SiLU(h_gate) ⊙ h_up for n rows of width F (the SwiGLU activation) */
 void swiglu_act(float *h_gate, const float *h_up, int n, int F);
+/* y = down · swiglu_act(gate · x, up · x) for n tokens through ops (h1, h2: [n][gate.rows] scratch) */
+void swiglu(float *y, const float *x, const Mat *gate, const Mat *up, const Mat *down, float *h1, float *h2, int n);
 /* RoPE (§3.2): cs[2i], cs[2i+1] = cos, sin of pos·theta^(-2i/dims), i < dims/2 (the GPU
  * path builds its table of positions from it) */
 void rope_angles(float *cs, int dims, int pos, double theta);

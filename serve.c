@@ -474,9 +474,9 @@ static int seq_token(const Slot *sl, int pos) {
  * drafts, h is the hidden state at each block's last position, from the chunk just run
  * (ends_h). */
 static void offer_blocks(Slot *sl) {
-    const int H = g.S.model.cfg.hidden, whole = sl->n_fed; /* (prompt tokens only) */
+    const int H = g.S.model.cfg.hidden;
     int tokens[CACHE_BLOCK];
-    while ((sl->n_blocks + 1) * CACHE_BLOCK <= whole) {
+    while ((sl->n_blocks + 1) * CACHE_BLOCK <= sl->n_fed) { /* (n_fed: prompt tokens only) */
         const int pos = sl->n_blocks * CACHE_BLOCK;
         float *h = g.drafts ? sl->ends_h + (size_t)((pos + CACHE_BLOCK - 1 - sl->ends_first) / CACHE_BLOCK) * H : NULL;
         for (int i = 0; i < CACHE_BLOCK; i++) tokens[i] = seq_token(sl, pos + i);

@@ -16,26 +16,11 @@
 # The last line is `RATIO <median of the pairs' ratios>` for scripts. Exit status 1 if the
 # server did not start or a request failed.
 set -u
-MODEL=${1:?usage: tools/serve_ratio.sh MODEL [PAIRS] [-- glm serve flags...]}
-shift
-PAIRS=3
-if [ $# -gt 0 ] && [ "$1" != "--" ]; then PAIRS=$1; shift; fi
-[ "${1:-}" = "--" ] && shift
-case "$PAIRS" in '' | *[!0-9]* | 0) echo "serve_ratio: PAIRS must be a positive count, not '$PAIRS'"; exit 1 ;; esac
-GLM=${GLM:-./glm}
+. "$(dirname "$0")/serve_bench.sh"
+serve_bench_args serve_ratio PAIRS 3 "$@"
+PAIRS=$COUNT
 PORT=${PORT:-8092}
-URL=http://127.0.0.1:$PORT
-LOG=$(mktemp)
-trap 'kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null; rm -f "$LOG"' EXIT
-
-"$GLM" serve -m "$MODEL" --port "$PORT" --parallel 8 "$@" >"$LOG" 2>&1 &
-pid=$!
-for _ in $(seq 600); do
-    grep -q 'listening on' "$LOG" && break
-    kill -0 "$pid" 2>/dev/null || break
-    sleep 0.5
-done
-grep -q 'listening on' "$LOG" || { echo "serve_ratio: glm serve did not start:"; tail -n 5 "$LOG"; exit 1; }
+serve_bench_start serve_ratio --parallel 8
 
 # the median ITL (ms) of one loadgen run with C clients, C requests
 itl() {

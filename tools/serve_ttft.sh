@@ -17,26 +17,11 @@
 # `TTFT_RATIO <cached median / uncached median>` for scripts. Exit status 1 if the server
 # did not start or a request failed.
 set -u
-MODEL=${1:?usage: tools/serve_ttft.sh MODEL [RUNS] [-- glm serve flags...]}
-shift
-RUNS=2
-if [ $# -gt 0 ] && [ "$1" != "--" ]; then RUNS=$1; shift; fi
-[ "${1:-}" = "--" ] && shift
-case "$RUNS" in '' | *[!0-9]* | 0) echo "serve_ttft: RUNS must be a positive count, not '$RUNS'"; exit 1 ;; esac
-GLM=${GLM:-./glm}
+. "$(dirname "$0")/serve_bench.sh"
+serve_bench_args serve_ttft RUNS 2 "$@"
+RUNS=$COUNT
 PORT=${PORT:-8093}
-URL=http://127.0.0.1:$PORT
-LOG=$(mktemp)
-trap 'kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null; rm -f "$LOG"' EXIT
-
-"$GLM" serve -m "$MODEL" --port "$PORT" "$@" >"$LOG" 2>&1 &
-pid=$!
-for _ in $(seq 600); do
-    grep -q 'listening on' "$LOG" && break
-    kill -0 "$pid" 2>/dev/null || break
-    sleep 0.5
-done
-grep -q 'listening on' "$LOG" || { echo "serve_ttft: glm serve did not start:"; tail -n 5 "$LOG"; exit 1; }
+serve_bench_start serve_ttft
 
 # C requests of 2,000 tokens with SHARE of each a prefix common to the run's requests
 load() {
